@@ -1,0 +1,353 @@
+"""``kvrank bench``: every scoring mode side by side in one process, printed and as JSON.
+
+Modes: ``nocache`` (C separate full forwards — serving without a cache), ``nocache_batched``
+(the C full sequences in one batch), ``miss`` (encode the user, then score), ``hit`` (score
+from cached K/V), ``hit_int8`` (the same from INT8 K/V), ``incremental`` (append a few events,
+then score). Latencies are p50/p99 over repetitions after warm-up; machines are noisy, so
+the headline figures are ratios measured in the same run. Exactness and INT8 quality are
+measured here too. No assertions: this reports, tests decide.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kvrank.bench import flops
+from kvrank.data.synthetic import SyntheticWorld
+from kvrank.model.artifact import load_model
+from kvrank.model.config import QUICK, SEED, ModelConfig
+from kvrank.model.inputs import Events
+from kvrank.model.kv import UserKV
+from kvrank.model.ranker import RankerModel
+from kvrank.train import TrainSettings, evaluate, held_out, train
+
+console = Console()
+INCREMENT_EVENTS = 4
+
+
+@dataclass(frozen=True)
+class Profile:
+    cfg: ModelConfig
+    candidates: tuple[int, ...]
+    reps: int  # repetitions of the fast modes
+    slow_reps: int  # repetitions of the no-cache modes
+    train_steps: int  # for the INT8 AUC check when no --model is given
+    eval_users: int
+    compact: ModelConfig  # pyramid + candidate_layers config for the memory figure
+
+
+PROFILES = {
+    "quick": Profile(
+        QUICK,
+        (100,),
+        reps=30,
+        slow_reps=3,
+        train_steps=60,
+        eval_users=150,
+        compact=QUICK.model_copy(update={"pyramid": (64, 16), "candidate_layers": 1}),
+    ),
+    "seed": Profile(
+        SEED,
+        (50, 100, 200),
+        reps=10,
+        slow_reps=1,
+        train_steps=0,
+        eval_users=60,
+        compact=SEED.model_copy(
+            update={"pyramid": (1024, 512, 256, 128, 64, 16), "candidate_layers": 2}
+        ),
+    ),
+}
+
+
+def _timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _summary(ms: list[float], flop: int, kv_bytes: int) -> dict[str, float]:
+    return {
+        "p50_ms": statistics.median(ms),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "rps": 1e3 / statistics.mean(ms),
+        "flops": float(flop),
+        "kv_bytes": float(kv_bytes),
+        "reps": float(len(ms)),
+    }
+
+
+def _kv_bytes(model: RankerModel, world: SyntheticWorld, layers: str = "all") -> dict[str, int]:
+    u = world.user(0, n_events=model.cfg.max_events).features
+    return {
+        dt: model.encode_user(u, kv_dtype=dt, layers=layers).nbytes  # type: ignore[arg-type]
+        for dt in ("fp32", "bf16", "fp16", "int8")
+    }
+
+
+def _measure_c(model: RankerModel, world: SyntheticWorld, c: int, prof: Profile) -> dict[str, Any]:
+    cfg = model.cfg
+    u = world.user(7, n_events=cfg.max_events - INCREMENT_EVENTS)
+    new = world.user(8, n_events=INCREMENT_EVENTS).features.events
+    cands, _, _ = world.candidates(u, c, 7)
+    f = u.features
+    kv = model.encode_user(f)
+    kv8 = model.encode_user(f, kv_dtype="int8")
+    modes = {
+        "nocache": (
+            lambda: model.forward_full(f, cands, batched=False),
+            prof.slow_reps,
+            flops.full_flops(cfg, c),
+            0,
+        ),
+        "nocache_batched": (
+            lambda: model.forward_full(f, cands),
+            prof.slow_reps,
+            flops.full_flops(cfg, c),
+            0,
+        ),
+        "miss": (
+            lambda: model.score(model.encode_user(f), cands),
+            prof.reps,
+            flops.encode_flops(cfg) + flops.score_flops(cfg, c),
+            kv.nbytes,
+        ),
+        "hit": (lambda: model.score(kv, cands), prof.reps, flops.score_flops(cfg, c), kv.nbytes),
+        "hit_int8": (
+            lambda: model.score(kv8, cands),
+            prof.reps,
+            flops.score_flops(cfg, c),
+            kv8.nbytes,
+        ),
+        "incremental": (
+            lambda: model.score(model.extend_user(kv, new), cands),
+            prof.reps,
+            flops.extend_flops(cfg, INCREMENT_EVENTS) + flops.score_flops(cfg, c),
+            kv.nbytes,
+        ),
+    }
+    results = {}
+    for name, (fn, reps, flop, nbytes) in modes.items():
+        results[name] = _summary(_timed(fn, reps), flop, nbytes)
+    full = model.forward_full(f, cands)
+    return {
+        "candidates": c,
+        "modes": results,
+        "speedup_hit_vs_nocache": results["nocache"]["p50_ms"] / results["hit"]["p50_ms"],
+        "speedup_miss_vs_nocache": results["nocache"]["p50_ms"] / results["miss"]["p50_ms"],
+        "speedup_hit_vs_nocache_batched": (
+            results["nocache_batched"]["p50_ms"] / results["hit"]["p50_ms"]
+        ),
+        "max_abs_diff_fp32": float((model.score(kv, cands) - full).abs().max()),
+        "int8_max_abs_logit_diff_this_user": float((model.score(kv8, cands) - full).abs().max()),
+    }
+
+
+def _int8_quality(model: RankerModel, world: SyntheticWorld, users: int) -> dict[str, float]:
+    data = held_out(world, users, 32)
+    cache: dict[int, tuple[UserKV, UserKV]] = {}
+
+    def kvs(u: Any) -> tuple[UserKV, UserKV]:
+        key = id(u)
+        if key not in cache:
+            cache[key] = (model.encode_user(u.features), model.encode_user(u.features, "int8"))
+        return cache[key]
+
+    base = evaluate(lambda u, c: model.score(kvs(u)[0], c), data)
+    q8 = evaluate(lambda u, c: model.score(kvs(u)[1], c), data)
+    diff = max(
+        float((model.score(kvs(u)[0], c) - model.score(kvs(u)[1], c)).abs().max())
+        for u, c, _ in data
+    )
+    return {
+        "auc_fp32": base.auc,
+        "auc_int8": q8.auc,
+        "auc_delta": q8.auc - base.auc,
+        "max_abs_logit_diff": diff,
+        "impressions": float(base.n),
+    }
+
+
+def drift_table(
+    model: RankerModel,
+    world: SyntheticWorld,
+    increments: tuple[int, ...] = (1, 5, 10, 25, 50, 100, 200),
+    users: int = 3,
+) -> list[dict[str, float]]:
+    """|Δlogit| of incremental K/V vs a full re-encode, after n one-event increments
+    applied to a user whose window is already full (so every increment slides it)."""
+    cfg, rows = model.cfg, []
+    worst: dict[int, list[float]] = {n: [] for n in increments}
+    for i in range(users):
+        base = world.user(500 + i, n_events=cfg.max_events).features
+        extra = world.user(600 + i, n_events=max(increments)).features.events
+        cands, _, _ = world.candidates(world.user(500 + i), 50, 500 + i)
+        kv, done = model.encode_user(base), 0
+        for n in increments:
+            for j in range(done, n):
+                kv = model.extend_user(kv, extra.slice(j, j + 1))
+            done = n
+            all_events: Events = base.events.cat(extra.slice(0, n))
+            ref = model.encode_user(base.with_events(all_events))
+            worst[n].append(float((model.score(kv, cands) - model.score(ref, cands)).abs().max()))
+    for n in increments:
+        rows.append(
+            {
+                "increments": float(n),
+                "max_abs_logit_diff": max(worst[n]),
+                "mean_max_abs_logit_diff": statistics.mean(worst[n]),
+            }
+        )
+    return rows
+
+
+def _machine(device: str) -> dict[str, str]:
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _model_for(prof: Profile, device: str, model_dir: Path | None) -> tuple[RankerModel, str]:
+    if model_dir is not None:
+        return load_model(model_dir, device), f"artifact {model_dir}"
+    if prof.train_steps:
+        console.print(f"training a {prof.train_steps}-step model for the INT8 AUC check …")
+        m = train(prof.cfg, TrainSettings(steps=prof.train_steps, time_budget_s=25.0))
+        return m.to(device).eval(), f"trained {prof.train_steps} steps"
+    torch.manual_seed(0)
+    return RankerModel(prof.cfg, "bench").to(device).eval(), "random init (seed 0)"
+
+
+def run_bench(
+    profile: str,
+    device: str,
+    counts: list[int] | None,
+    json_out: Path | None,
+    plot: Path | None,
+    model_dir: Path | None,
+) -> dict[str, Any]:
+    prof = PROFILES[profile]
+    start = time.monotonic()
+    model, origin = _model_for(prof, device, model_dir)
+    world = SyntheticWorld(model.cfg, 0)
+    per_c = {str(c): _measure_c(model, world, c, prof) for c in (counts or prof.candidates)}
+    quality = _int8_quality(model, world, prof.eval_users)
+    compact = RankerModel(prof.compact, "bench").to(device).eval()
+    kv_bytes = _kv_bytes(model, world)
+    kv_bytes.update({f"{k}_compact": v for k, v in _kv_bytes(compact, world, "scoring").items()})
+    primary = per_c[max(per_c, key=int)]
+    report: dict[str, Any] = {
+        "profile": profile,
+        "machine": _machine(device),
+        "model": origin,
+        "shapes": {
+            **model.cfg.model_dump(mode="json"),
+            "compact": prof.compact.model_dump(mode="json"),
+        },
+        "candidates": primary["candidates"],
+        "modes": primary["modes"],
+        "speedup_hit_vs_nocache": primary["speedup_hit_vs_nocache"],
+        "speedup_miss_vs_nocache": primary["speedup_miss_vs_nocache"],
+        "max_abs_diff_fp32": max(r["max_abs_diff_fp32"] for r in per_c.values()),
+        "int8_max_abs_logit_diff": quality["max_abs_logit_diff"],
+        "int8_auc_delta": quality["auc_delta"],
+        "int8_quality": quality,
+        "kv_bytes_per_user": kv_bytes,
+        "per_candidates": per_c,
+        "drift": drift_table(model, world) if profile == "quick" else [],
+        "elapsed_s": time.monotonic() - start,
+    }
+    _print(report)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if plot:
+        _plot(report, plot)
+    return report
+
+
+def _print(r: dict[str, Any]) -> None:
+    for c, res in r["per_candidates"].items():
+        t = Table(title=f"{r['profile']} profile, C={c}, {r['machine']['device']}")
+        for col in ("mode", "p50 ms", "p99 ms", "req/s", "GFLOP", "KV bytes"):
+            t.add_column(col, justify="right" if col != "mode" else "left")
+        for name, m in res["modes"].items():
+            t.add_row(
+                name,
+                f"{m['p50_ms']:.2f}",
+                f"{m['p99_ms']:.2f}",
+                f"{m['rps']:.1f}",
+                f"{m['flops'] / 1e9:.3f}",
+                f"{int(m['kv_bytes']):,}",
+            )
+        console.print(t)
+        console.print(
+            f"speed-up hit vs nocache {res['speedup_hit_vs_nocache']:.1f}×, miss vs"
+            f" nocache {res['speedup_miss_vs_nocache']:.1f}×, max |Δlogit| fp32"
+            f" {res['max_abs_diff_fp32']:.2e}"
+        )
+    q = r["int8_quality"]
+    console.print(
+        f"INT8: max |Δlogit| {q['max_abs_logit_diff']:.2e}, AUC {q['auc_fp32']:.4f} →"
+        f" {q['auc_int8']:.4f} (Δ {q['auc_delta']:+.4f}) [{r['model']}]"
+    )
+    console.print(
+        "KV bytes per user: " + ", ".join(f"{k} {v:,}" for k, v in r["kv_bytes_per_user"].items())
+    )
+    for row in r["drift"]:
+        console.print(
+            f"drift after {int(row['increments'])} sliding increments: max |Δlogit|"
+            f" {row['max_abs_logit_diff']:.2e}"
+        )
+
+
+def _plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = sorted(r["per_candidates"], key=int)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in r["modes"]:
+        ax.plot(
+            [int(c) for c in cs],
+            [r["per_candidates"][c]["modes"][mode]["p50_ms"] for c in cs],
+            marker="o",
+            label=mode,
+        )
+    ax.set_xlabel("candidates per request (C)")
+    ax.set_ylabel("p50 latency (ms, log)")
+    ax.set_yscale("log")
+    ax.set_title(f"kvrank bench — {r['profile']} profile on {r['machine']['device']}")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""Synthetic ranking data with planted structure (see :mod:`kvrank.data.synthetic`)."""

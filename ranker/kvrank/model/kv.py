@@ -1,0 +1,197 @@
+"""``UserKV``: the cached user-side Keys/Values, their INT8 form and their byte format.
+
+A ``UserKV`` holds, per cached layer, the K/V rows of the user-sequence tokens entering
+that layer followed by the rows of the non-sequential (NS) tokens, plus the NS token
+inputs so that :meth:`RankerModel.extend_user` can recompute the NS rows. Storage dtype is
+fp32, bf16, fp16 or int8; int8 is symmetric with per-channel scales for K and per-token
+scales for V (as in KIVI) and is dequantised on use.
+
+Bytes are safetensors (no pickle); metadata carries the model fingerprint, version and
+lengths. This module never decides whether an entry is fresh: that is the cache's job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from kvrank.errors import CorruptEntryError
+from kvrank.model.config import KVDType
+
+FORMAT_VERSION = "1"
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "int8": torch.int8,
+}
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """K/V rows of one layer, ``[rows, heads, head_dim]``, in the storage dtype."""
+
+    k: Tensor
+    v: Tensor
+    k_scale: Tensor | None = None  # fp32 [heads, head_dim] — int8 only, per channel
+    v_scale: Tensor | None = None  # fp32 [rows] — int8 only, per token
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.k, self.v, self.k_scale, self.v_scale]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def to(self, device: torch.device | str) -> LayerKV:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
+
+        return LayerKV(self.k.to(device), self.v.to(device), move(self.k_scale), move(self.v_scale))
+
+    def dequantize(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """K and V in the compute dtype."""
+        if self.k_scale is None or self.v_scale is None:
+            return self.k.to(dtype), self.v.to(dtype)
+        k = self.k.to(torch.float32) * self.k_scale
+        v = self.v.to(torch.float32) * self.v_scale[:, None, None]
+        return k.to(dtype), v.to(dtype)
+
+
+def quantize_layer(k: Tensor, v: Tensor, kv_dtype: KVDType) -> LayerKV:
+    """Store ``k``/``v`` (``[rows, heads, head_dim]``) in ``kv_dtype``."""
+    if kv_dtype != "int8":
+        target = TORCH_DTYPES[kv_dtype]
+        return LayerKV(k.detach().to(target), v.detach().to(target))
+    k32, v32 = k.detach().float(), v.detach().float()
+    # K outliers live in channels, V magnitudes vary by token: scale each accordingly.
+    k_scale = k32.abs().amax(dim=0).clamp_min(1e-8) / 127.0
+    v_scale = v32.abs().amax(dim=(1, 2)).clamp_min(1e-8) / 127.0
+    kq = torch.round(k32 / k_scale).clamp(-127, 127).to(torch.int8)
+    vq = torch.round(v32 / v_scale[:, None, None]).clamp(-127, 127).to(torch.int8)
+    return LayerKV(kq, vq, k_scale, v_scale)
+
+
+@dataclass(frozen=True)
+class UserKV:
+    """Everything a model needs to score candidates for one user without re-encoding."""
+
+    model_version: str
+    fingerprint: str
+    kv_dtype: KVDType
+    length: int  # real user-sequence events in the window (<= max_events)
+    increments: int  # extend_user calls since the last full encode
+    layers: dict[int, LayerKV]
+    ns_input: Tensor  # [ns_tokens, d_model], inputs of the NS tokens (for extend_user)
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held, scales and NS inputs included."""
+        return sum(lk.nbytes for lk in self.layers.values()) + (
+            self.ns_input.numel() * self.ns_input.element_size()
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.ns_input.device
+
+    def to(self, device: torch.device | str) -> UserKV:
+        return replace(
+            self,
+            layers={i: lk.to(device) for i, lk in self.layers.items()},
+            ns_input=self.ns_input.to(device),
+        )
+
+    def to_bytes(self) -> bytes:
+        """Pickle-free serialisation: safetensors with a JSON header in its metadata."""
+        tensors: dict[str, Tensor] = {"ns_input": self.ns_input.contiguous().cpu()}
+        for i, lk in self.layers.items():
+            tensors[f"l{i}.k"] = lk.k.contiguous().cpu()
+            tensors[f"l{i}.v"] = lk.v.contiguous().cpu()
+            if lk.k_scale is not None and lk.v_scale is not None:
+                tensors[f"l{i}.k_scale"] = lk.k_scale.contiguous().cpu()
+                tensors[f"l{i}.v_scale"] = lk.v_scale.contiguous().cpu()
+        header = {
+            "format": FORMAT_VERSION,
+            "model_version": self.model_version,
+            "fingerprint": self.fingerprint,
+            "kv_dtype": self.kv_dtype,
+            "length": self.length,
+            "increments": self.increments,
+            "layers": sorted(self.layers),
+            "meta": self.meta,
+        }
+        return st_save(tensors, metadata={"kvrank": json.dumps(header)})
+
+    @staticmethod
+    def from_bytes(data: bytes, device: torch.device | str = "cpu") -> UserKV:
+        """Parse :meth:`to_bytes` output; any inconsistency raises ``CorruptEntryError``."""
+        try:
+            tensors = st_load(data)
+            header = json.loads(_metadata(data)["kvrank"])
+        except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntryError(f"unreadable K/V payload: {exc}") from exc
+        try:
+            if header["format"] != FORMAT_VERSION:
+                raise CorruptEntryError(f"format {header['format']!r} != {FORMAT_VERSION}")
+            kv_dtype = header["kv_dtype"]
+            if kv_dtype not in TORCH_DTYPES:
+                raise CorruptEntryError(f"unknown kv_dtype {kv_dtype!r}")
+            layers = {}
+            for i in header["layers"]:
+                lk = LayerKV(
+                    tensors[f"l{i}.k"],
+                    tensors[f"l{i}.v"],
+                    tensors.get(f"l{i}.k_scale"),
+                    tensors.get(f"l{i}.v_scale"),
+                )
+                _check_layer(lk, kv_dtype, i)
+                layers[int(i)] = lk.to(device)
+            return UserKV(
+                model_version=str(header["model_version"]),
+                fingerprint=str(header["fingerprint"]),
+                kv_dtype=kv_dtype,
+                length=int(header["length"]),
+                increments=int(header["increments"]),
+                layers=layers,
+                ns_input=tensors["ns_input"].to(device),
+                meta={str(k): str(v) for k, v in header.get("meta", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, CorruptEntryError):
+                raise
+            raise CorruptEntryError(f"inconsistent K/V payload: {exc!r}") from exc
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (safetensors' load drops it)."""
+    if len(data) < 8:
+        raise ValueError("payload shorter than its length prefix")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise ValueError("header length exceeds payload")
+    meta = json.loads(data[8 : 8 + size]).get("__metadata__")
+    if not isinstance(meta, dict):
+        raise ValueError("no metadata")
+    return meta
+
+
+def _check_layer(lk: LayerKV, kv_dtype: str, i: int) -> None:
+    if lk.k.shape != lk.v.shape or lk.k.dim() != 3:
+        raise CorruptEntryError(f"layer {i}: k {tuple(lk.k.shape)} / v {tuple(lk.v.shape)}")
+    if lk.k.dtype != TORCH_DTYPES[kv_dtype]:
+        raise CorruptEntryError(f"layer {i}: dtype {lk.k.dtype} is not {kv_dtype}")
+    if (kv_dtype == "int8") != (lk.k_scale is not None and lk.v_scale is not None):
+        raise CorruptEntryError(f"layer {i}: scales do not match kv_dtype {kv_dtype}")
+    if (
+        lk.k_scale is not None
+        and lk.v_scale is not None
+        and (lk.k_scale.shape != lk.k.shape[1:] or lk.v_scale.shape != lk.k.shape[:1])
+    ):
+        raise CorruptEntryError(f"layer {i}: scale shapes do not match K/V")

@@ -1,0 +1,359 @@
+"""The cacheable causal ranker: ``encode_user``, ``extend_user``, ``score``, ``forward_full``.
+
+Token order is ``[user sequence | user NS tokens | candidate tokens]`` under one causal
+mask, so the user-side K/V never depend on a candidate. The cached path encodes the user
+once (:meth:`RankerModel.encode_user`) and scores all C candidates in one batched pass
+against those K/V (:meth:`RankerModel.score`). :meth:`RankerModel.forward_full` is the
+no-cache reference: every candidate's whole sequence through the whole model, built from
+one generic causal mask — tests hold the cached path to it.
+
+The user side is left-padded to ``max_events``; padding keys are masked, and there are no
+absolute positions (order comes from the causal mask and time-gap buckets), so a user's
+tokens do not depend on how much padding precedes them and appended events leave earlier
+tokens unchanged. This module does no caching and no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, cast
+
+import torch
+from torch import Tensor, nn
+
+from kvrank.errors import IncompatibleKVError
+from kvrank.model.config import KVDType, ModelConfig
+from kvrank.model.embed import FeatureEmbedder
+from kvrank.model.inputs import Candidates, Events, UserFeatures
+from kvrank.model.kv import TORCH_DTYPES, UserKV, quantize_layer
+from kvrank.model.layers import GroupBlock, attend, attend_candidates, causal_allowed, rms_norm
+
+KVLayers = dict[int, tuple[Tensor, Tensor, Tensor]]  # layer -> (k, v, key_valid), batched
+
+DEFAULT_REFRESH_EVERY = 50
+"""Full re-encode after this many ``extend_user`` calls (see docs/benchmarks.md, drift)."""
+
+
+class RankerModel(nn.Module):
+    """OneTrans-style ranker whose user side can be cached and extended."""
+
+    def __init__(self, cfg: ModelConfig, version: str = "dev") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.version = version
+        d, h, f = cfg.d_model, cfg.n_heads, cfg.ffn_mult * cfg.d_model
+        self.embed = FeatureEmbedder(cfg)
+        self.seq_blocks = nn.ModuleList(GroupBlock(d, h, f, None) for _ in range(cfg.n_layers))
+        self.ns_blocks = nn.ModuleList(
+            GroupBlock(d, h, f, cfg.ns_tokens) for _ in range(cfg.n_layers)
+        )
+        n_cand = cfg.n_layers - cfg.first_candidate_layer
+        self.cand_blocks = nn.ModuleList(
+            GroupBlock(d, h, f, cfg.cand_tokens) for _ in range(n_cand)
+        )
+        self.final_norm = nn.Parameter(torch.ones(d))
+        self.heads = nn.ModuleDict({"ctr": nn.Linear(d, 1)})
+        self.to(TORCH_DTYPES[cfg.compute_dtype])
+
+    @property
+    def device(self) -> torch.device:
+        return self.final_norm.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.final_norm.dtype
+
+    # ----------------------------------------------------------------- public API
+    @torch.no_grad()
+    def encode_user(
+        self,
+        user: UserFeatures,
+        kv_dtype: KVDType | None = None,
+        layers: Literal["all", "scoring"] = "all",
+    ) -> UserKV:
+        """Compute the user's K/V. ``layers="scoring"`` keeps only the layers candidates
+        attend to (smallest entry; such a ``UserKV`` cannot be extended)."""
+        user.validate(self.cfg)
+        x_seq, valid, x_ns = self._user_tokens(user)
+        keep = range(self.cfg.n_layers) if layers == "all" else self._candidate_layer_ids()
+        kv = self._encode(x_seq, valid, x_ns, set(keep))
+        return self._pack(kv, kv_dtype, min(len(user.events), self.cfg.max_events), 0, x_ns[0])
+
+    @torch.no_grad()
+    def extend_user(self, user_kv: UserKV, new_events: Events) -> UserKV:
+        """Append ``new_events`` to a cached user, computing only the new tokens.
+
+        Exact while no real event falls out of any layer's window; once the window slides,
+        earlier tokens keep K/V that still reflect the dropped events (bounded drift, reset
+        by a full :meth:`encode_user` every ``refresh_every`` increments).
+        """
+        self.check_kv(user_kv)
+        if len(user_kv.layers) != self.cfg.n_layers:
+            raise IncompatibleKVError(
+                "this UserKV holds only the scoring layers; extend_user needs all layers"
+            )
+        new_events.validate(self.cfg, "new_events")
+        cfg = self.cfg
+        x_new = self.embed.events(*self._event_tensors(new_events))[None, -cfg.max_events :]
+        x_ns = user_kv.ns_input.to(self.device, self.dtype)[None]
+        length = min(user_kv.length + len(new_events), cfg.max_events)
+        out: KVLayers = {}
+        for layer in range(cfg.n_layers):
+            r, q_l, k_l = cfg.entering(layer), cfg.kept(layer), x_new.shape[1]
+            old_k, old_v = user_kv.layers[layer].dequantize(self.dtype)
+            seq_blk, ns_blk = self._seq(layer), self._ns(layer)
+            qs, ks, vs = seq_blk.qkv(x_new)
+            qn, kn, vn = ns_blk.qkv(x_ns)
+            k = torch.cat([old_k[None, k_l:r].to(self.device), ks, kn], dim=1)
+            v = torch.cat([old_v[None, k_l:r].to(self.device), vs, vn], dim=1)
+            valid = self._key_valid(layer, length)
+            out[layer] = (k, v, valid)
+            if layer == cfg.n_layers - 1:
+                break
+            m = min(k_l, q_l)  # new tokens that stay for the next layer
+            dev = self.device
+            order_q = torch.cat([torch.arange(r - m, r), torch.arange(r, r + cfg.ns_tokens)])
+            order_k = torch.arange(r + cfg.ns_tokens)
+            a = attend(
+                torch.cat([qs[:, k_l - m :], qn], dim=1),
+                k,
+                v,
+                causal_allowed(order_q.to(dev), order_k.to(dev), valid),
+            )
+            x_new = seq_blk.finish(x_new[:, k_l - m :], a[:, :m])
+            x_ns = ns_blk.finish(x_ns, a[:, m:])
+        return self._pack(out, user_kv.kv_dtype, length, user_kv.increments + 1, user_kv.ns_input)
+
+    @torch.no_grad()
+    def score(self, user_kv: UserKV, candidates: Candidates) -> Tensor:
+        """CTR logits ``[C]`` for all candidates in one batched pass over the cached K/V."""
+        self.check_kv(user_kv)
+        candidates.validate(self.cfg)
+        layers: KVLayers = {}
+        for layer in self._candidate_layer_ids():
+            k, v = user_kv.layers[layer].dequantize(self.dtype)
+            valid = self._key_valid(layer, user_kv.length)
+            layers[layer] = (k.to(self.device)[None], v.to(self.device)[None], valid)
+        x_c = self.embed.candidates(*self._cand_tensors(candidates))[None]
+        return self._score(layers, x_c)[0].float()
+
+    @torch.no_grad()
+    def forward_full(
+        self, user: UserFeatures, candidates: Candidates, batched: bool = True
+    ) -> Tensor:
+        """No-cache reference logits ``[C]``: each candidate's full sequence
+        ``[user | candidate]`` through the whole model. ``batched=False`` runs the C
+        sequences one after another (what serving without a cache does)."""
+        user.validate(self.cfg)
+        candidates.validate(self.cfg)
+        x_seq, valid, x_ns = self._user_tokens(user)
+        x_c = self.embed.candidates(*self._cand_tensors(candidates))
+        if not batched:
+            return torch.cat(
+                [self._full(x_seq, valid, x_ns, x_c[i : i + 1]) for i in range(len(candidates))]
+            ).float()
+        c = len(candidates)
+        return self._full(
+            x_seq.expand(c, -1, -1), valid.expand(c, -1), x_ns.expand(c, -1, -1), x_c
+        ).float()
+
+    def check_kv(self, user_kv: UserKV) -> None:
+        """Raise ``IncompatibleKVError`` unless ``user_kv`` came from this model."""
+        cfg = self.cfg
+        if user_kv.fingerprint != cfg.fingerprint() or user_kv.model_version != self.version:
+            raise IncompatibleKVError(
+                f"UserKV is from model {user_kv.model_version!r} (config"
+                f" {user_kv.fingerprint}); this model is {self.version!r} ({cfg.fingerprint()})"
+            )
+        for layer in self._candidate_layer_ids():
+            if layer not in user_kv.layers:
+                raise IncompatibleKVError(f"UserKV lacks layer {layer} that scoring needs")
+        for layer, lk in user_kv.layers.items():
+            rows = cfg.entering(layer) + cfg.ns_tokens
+            if tuple(lk.k.shape) != (rows, cfg.n_heads, cfg.head_dim):
+                raise IncompatibleKVError(
+                    f"UserKV layer {layer} has shape {tuple(lk.k.shape)};"
+                    f" expected {(rows, cfg.n_heads, cfg.head_dim)}"
+                )
+        if not 1 <= user_kv.length <= cfg.max_events:
+            raise IncompatibleKVError(
+                f"UserKV length {user_kv.length} outside [1, {cfg.max_events}]"
+            )
+
+    @staticmethod
+    def refresh_due(user_kv: UserKV, refresh_every: int = DEFAULT_REFRESH_EVERY) -> bool:
+        """True when the next update should be a full re-encode to bound drift."""
+        return user_kv.increments >= refresh_every
+
+    # ------------------------------------------------------ batched internals
+    def user_tokens_batch(self, users: list[UserFeatures]) -> tuple[Tensor, Tensor, Tensor]:
+        """Left-padded sequence tokens ``[B, N, d]``, validity ``[B, N]``, NS ``[B, ns, d]``."""
+        n_max, dev = self.cfg.max_events, self.device
+        lengths = [min(len(u.events), n_max) for u in users]
+
+        def padded(get: Callable[[Events], Tensor]) -> Tensor:
+            rows = []
+            for u, n in zip(users, lengths, strict=True):
+                t = get(u.events)[-n_max:]
+                pad = torch.zeros((n_max - n, *t.shape[1:]), dtype=t.dtype)
+                rows.append(torch.cat([pad, t]))
+            return torch.stack(rows).to(dev)
+
+        x_seq = self.embed.events(
+            padded(lambda e: e.item_ids),
+            padded(lambda e: e.categories),
+            padded(lambda e: e.actions),
+            padded(lambda e: e.gaps),
+            padded(lambda e: e.dense),
+        )
+        valid = (
+            torch.arange(n_max, device=dev)[None]
+            >= n_max - torch.tensor(lengths, device=dev)[:, None]
+        )
+        x_ns = self.embed.ns(
+            torch.stack([u.profile_ids for u in users]).to(dev),
+            torch.stack([u.context_ids for u in users]).to(dev),
+            torch.stack([u.dense for u in users]).to(dev),
+        )
+        return x_seq, valid, x_ns
+
+    def encode_batch(self, x_seq: Tensor, valid: Tensor, x_ns: Tensor) -> KVLayers:
+        """Scoring-layer K/V of B users (differentiable; used by training)."""
+        return self._encode(x_seq, valid, x_ns, set(self._candidate_layer_ids()))
+
+    def score_batch(self, layers: KVLayers, x_c: Tensor) -> Tensor:
+        """Logits ``[B, C]`` of candidate tokens ``x_c [B, C, T, d]`` (differentiable)."""
+        return self._score(layers, x_c)
+
+    def _seq(self, layer: int) -> GroupBlock:
+        return cast(GroupBlock, self.seq_blocks[layer])
+
+    def _ns(self, layer: int) -> GroupBlock:
+        return cast(GroupBlock, self.ns_blocks[layer])
+
+    def _cand(self, index: int) -> GroupBlock:
+        return cast(GroupBlock, self.cand_blocks[index])
+
+    def _candidate_layer_ids(self) -> range:
+        return range(self.cfg.first_candidate_layer, self.cfg.n_layers)
+
+    def _event_tensors(self, ev: Events) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        dev = self.device
+        return (
+            ev.item_ids.to(dev),
+            ev.categories.to(dev),
+            ev.actions.to(dev),
+            ev.gaps.to(dev),
+            ev.dense.to(dev),
+        )
+
+    def _cand_tensors(self, c: Candidates) -> tuple[Tensor, Tensor, Tensor]:
+        return c.item_ids.to(self.device), c.categories.to(self.device), c.dense.to(self.device)
+
+    def _user_tokens(self, user: UserFeatures) -> tuple[Tensor, Tensor, Tensor]:
+        n_max = self.cfg.max_events
+        events = user.events.slice(-n_max)
+        tokens = self.embed.events(*self._event_tensors(events))
+        n = tokens.shape[0]
+        pad = torch.zeros(n_max - n, tokens.shape[1], dtype=tokens.dtype, device=self.device)
+        x_seq = torch.cat([pad, tokens])[None]
+        valid = (torch.arange(n_max, device=self.device) >= n_max - n)[None]
+        dev = self.device
+        x_ns = self.embed.ns(
+            user.profile_ids.to(dev), user.context_ids.to(dev), user.dense.to(dev)
+        )[None]
+        return x_seq, valid, x_ns
+
+    def _key_valid(self, layer: int, length: int) -> Tensor:
+        r = self.cfg.entering(layer)
+        rows = torch.arange(r + self.cfg.ns_tokens, device=self.device)
+        return (rows >= r - min(length, r))[None]
+
+    def _encode(self, x_seq: Tensor, valid: Tensor, x_ns: Tensor, keep: set[int]) -> KVLayers:
+        cfg, out = self.cfg, {}
+        b, dev = x_seq.shape[0], x_seq.device
+        for layer in range(cfg.n_layers):
+            r, q_l = x_seq.shape[1], cfg.kept(layer)
+            qs, ks, vs = self._seq(layer).qkv(x_seq)
+            qn, kn, vn = self._ns(layer).qkv(x_ns)
+            k, v = torch.cat([ks, kn], dim=1), torch.cat([vs, vn], dim=1)
+            key_valid = torch.cat(
+                [valid, torch.ones(b, cfg.ns_tokens, dtype=torch.bool, device=dev)], 1
+            )
+            if layer in keep:
+                out[layer] = (k, v, key_valid)
+            if layer == cfg.n_layers - 1:
+                break  # the user side's top-layer outputs are never used
+            order_q = torch.cat([torch.arange(r - q_l, r), torch.arange(r, r + cfg.ns_tokens)])
+            a = attend(
+                torch.cat([qs[:, r - q_l :], qn], dim=1),
+                k,
+                v,
+                causal_allowed(
+                    order_q.to(dev), torch.arange(r + cfg.ns_tokens, device=dev), key_valid
+                ),
+            )
+            x_seq = self._seq(layer).finish(x_seq[:, r - q_l :], a[:, :q_l])
+            x_ns = self._ns(layer).finish(x_ns, a[:, q_l:])
+            valid = valid[:, r - q_l :]
+        return out
+
+    def _score(self, layers: KVLayers, x_c: Tensor) -> Tensor:
+        first = self.cfg.first_candidate_layer
+        for i in range(len(self.cand_blocks)):
+            blk = self._cand(i)
+            k_user, v_user, user_valid = layers[first + i]
+            q, k_c, v_c = blk.qkv(x_c)
+            x_c = blk.finish(x_c, attend_candidates(q, k_c, v_c, k_user, v_user, user_valid))
+        return self._head(x_c)
+
+    def _head(self, x_c: Tensor) -> Tensor:
+        pooled = rms_norm(x_c, self.final_norm).mean(dim=-2)
+        logits: Tensor = self.heads["ctr"](pooled)
+        return logits.squeeze(-1)
+
+    def _full(self, x_seq: Tensor, valid: Tensor, x_ns: Tensor, x_c: Tensor) -> Tensor:
+        """One whole sequence per batch row: ``[seq | ns | candidate]`` (the reference)."""
+        cfg, b, dev = self.cfg, x_seq.shape[0], x_seq.device
+        t, ns, first = cfg.cand_tokens, cfg.ns_tokens, cfg.first_candidate_layer
+        for layer in range(cfg.n_layers):
+            r, q_l = x_seq.shape[1], cfg.kept(layer)
+            with_cand = layer >= first
+            groups = [(self._seq(layer), x_seq), (self._ns(layer), x_ns)]
+            if with_cand:
+                groups.append((self._cand(layer - first), x_c))
+            qkv = [blk.qkv(x) for blk, x in groups]
+            k = torch.cat([p[1] for p in qkv], dim=1)
+            v = torch.cat([p[2] for p in qkv], dim=1)
+            n_tail = ns + (t if with_cand else 0)
+            key_valid = torch.cat([valid, torch.ones(b, n_tail, dtype=torch.bool, device=dev)], 1)
+            q = torch.cat([qkv[0][0][:, r - q_l :], *[p[0] for p in qkv[1:]]], dim=1)
+            order_q = torch.cat([torch.arange(r - q_l, r), torch.arange(r, r + n_tail)]).to(dev)
+            a = attend(
+                q, k, v, causal_allowed(order_q, torch.arange(r + n_tail, device=dev), key_valid)
+            )
+            x_seq = self._seq(layer).finish(x_seq[:, r - q_l :], a[:, :q_l])
+            x_ns = self._ns(layer).finish(x_ns, a[:, q_l : q_l + ns])
+            if with_cand:
+                x_c = self._cand(layer - first).finish(x_c, a[:, q_l + ns :])
+            valid = valid[:, r - q_l :]
+        return self._head(x_c)
+
+    def _pack(
+        self,
+        layers: KVLayers,
+        kv_dtype: KVDType | None,
+        length: int,
+        increments: int,
+        ns_input: Tensor,
+    ) -> UserKV:
+        dtype = kv_dtype or self.cfg.compute_dtype
+        return UserKV(
+            model_version=self.version,
+            fingerprint=self.cfg.fingerprint(),
+            kv_dtype=dtype,
+            length=length,
+            increments=increments,
+            layers={i: quantize_layer(k[0], v[0], dtype) for i, (k, v, _) in layers.items()},
+            ns_input=ns_input.detach(),
+        )

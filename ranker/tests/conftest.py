@@ -1,0 +1,78 @@
+"""Shared factories for the data-plane tests: random users/candidates and models whose
+logits are O(1) (default init gives tiny logits, which would make exactness tests vacuous)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvrank.model.config import ModelConfig
+from kvrank.model.inputs import Candidates, Events, UserFeatures
+from kvrank.model.ranker import RankerModel
+
+
+@dataclass(frozen=True)
+class Factory:
+    """Builds inputs and models from a seed, so failures are reproducible."""
+
+    def events(self, cfg: ModelConfig, n: int, seed: int) -> Events:
+        g = torch.Generator().manual_seed(seed)
+        return Events(
+            torch.randint(0, 2**62, (n,), generator=g),
+            torch.randint(0, cfg.n_categories, (n,), generator=g),
+            torch.randint(0, cfg.n_actions, (n,), generator=g),
+            torch.randint(0, cfg.n_gap_buckets, (n,), generator=g),
+            torch.randn(n, cfg.event_dense, generator=g),
+        )
+
+    def user(self, cfg: ModelConfig, n: int, seed: int) -> UserFeatures:
+        g = torch.Generator().manual_seed(seed + 1)
+        return UserFeatures(
+            self.events(cfg, n, seed),
+            torch.randint(0, 2**40, (cfg.profile_fields,), generator=g),
+            torch.randint(0, 2**40, (cfg.context_fields,), generator=g),
+            torch.randn(cfg.user_dense, generator=g),
+        )
+
+    def candidates(self, cfg: ModelConfig, c: int, seed: int) -> Candidates:
+        g = torch.Generator().manual_seed(seed + 2)
+        return Candidates(
+            torch.randint(0, 2**62, (c,), generator=g),
+            torch.randint(0, cfg.n_categories, (c,), generator=g),
+            torch.randn(c, cfg.cand_dense, generator=g),
+        )
+
+    def model(self, cfg: ModelConfig, seed: int = 0, version: str = "test") -> RankerModel:
+        torch.manual_seed(seed)
+        model = RankerModel(cfg, version)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() >= 2 and "embed" not in name:
+                    p.normal_(0.0, 1.0 / p.shape[-2] ** 0.5)
+        return model.eval()
+
+
+FACTORY = Factory()
+
+
+@pytest.fixture(scope="session")
+def factory() -> Factory:
+    return FACTORY
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> ModelConfig:
+    return ModelConfig(
+        d_model=32,
+        n_heads=4,
+        n_layers=3,
+        max_events=24,
+        ns_tokens=2,
+        cand_tokens=4,
+        item_buckets=1000,
+        profile_buckets=500,
+        n_categories=16,
+        emb_dim=8,
+    )

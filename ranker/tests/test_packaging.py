@@ -1,0 +1,55 @@
+"""Packaging and command line: what a user sees after `pip install` and `make`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_operator_is_still_the_standard_library() -> None:
+    out = run(
+        sys.executable,
+        "-c",
+        "import operator, kvrank, kvrank_operator; print(operator.__file__);"
+        " print(operator.itemgetter(1)([0, 7]))",
+    )
+    assert out.returncode == 0, out.stderr
+    path, value = out.stdout.split()
+    assert "site-packages" not in path and path.endswith("operator.py")
+    assert value == "7"
+
+
+@pytest.mark.parametrize(
+    ("script", "commands"),
+    [
+        ("kvrank", ["serve", "bench", "train", "demo", "loadtest", "cache"]),
+        ("kvrank-operator", ["run", "version"]),
+    ],
+)
+def test_help_lists_commands(script: str, commands: list[str]) -> None:
+    out = run(str(BIN / script), "--help")
+    assert out.returncode == 0, out.stderr
+    for cmd in commands:
+        assert f" {cmd} " in out.stdout, f"{cmd} missing from {script} --help"
+
+
+@pytest.mark.parametrize("args", [["serve"], ["loadtest"], ["cache", "purge"]])
+def test_unbuilt_commands_say_so_and_fail(args: list[str]) -> None:
+    out = run(str(BIN / "kvrank"), *args)
+    assert out.returncode == 2
+    assert "not available in this build" in out.stderr
+
+
+def test_bad_bench_profile_is_rejected() -> None:
+    out = run(str(BIN / "kvrank"), "bench", "--profile", "huge")
+    assert out.returncode != 0
+    assert "profile must be one of" in out.stderr
