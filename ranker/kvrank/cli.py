@@ -39,7 +39,7 @@ def train(
         "artifacts/quick"
     ),
     profile: Annotated[str, typer.Option(help="Model size: quick or seed.")] = "quick",
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 400,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 300,
     version: Annotated[str, typer.Option(help="Model version string.")] = "v1",
     seed: Annotated[int, typer.Option(help="Synthetic-world seed.")] = 0,
 ) -> None:

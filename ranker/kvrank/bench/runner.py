@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvrank.bench import flops
@@ -315,7 +316,7 @@ def _print(r: dict[str, Any]) -> None:
     q = r["int8_quality"]
     console.print(
         f"INT8: max |Δlogit| {q['max_abs_logit_diff']:.2e}, AUC {q['auc_fp32']:.4f} →"
-        f" {q['auc_int8']:.4f} (Δ {q['auc_delta']:+.4f}) [{r['model']}]"
+        f" {q['auc_int8']:.4f} (Δ {q['auc_delta']:+.4f}) — model: {escape(r['model'])}"
     )
     console.print(
         "KV bytes per user: " + ", ".join(f"{k} {v:,}" for k, v in r["kv_bytes_per_user"].items())

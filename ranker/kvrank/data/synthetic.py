@@ -1,8 +1,9 @@
 """Synthetic users, sequences and candidates whose click labels carry real signal.
 
-Each user has latent interests over topics that drift along the behaviour sequence; events
-are sampled from the interest at their time, and a candidate's click probability depends
-on the user's *current* (end-of-sequence) interest in the candidate's topic, the item's
+Each user has a click propensity and latent interests over topics that drift along the
+behaviour sequence; events are sampled from the interest at their time and clicked more
+often by active users, and a candidate's click probability depends on the user's
+propensity, their *current* (end-of-sequence) interest in the candidate's topic, the item's
 quality and the context. A model must therefore read the sequence — especially its recent
 end — to rank well, which makes held-out AUC meaningful. Deterministic per seed; no I/O.
 """
@@ -26,6 +27,7 @@ class UserSample:
 
     features: UserFeatures
     interest: np.ndarray  # [N_TOPICS], current (end-of-sequence) interest
+    activity: float  # click propensity; shows in the user's event actions
     context_boost: float
 
 
@@ -58,7 +60,9 @@ class SyntheticWorld:
         interest_t = (1 - w) * start + w * end
         topics = np.array([rng.choice(N_TOPICS, p=p / p.sum()) for p in interest_t])
         idx = np.array([rng.choice(self.by_topic[t]) for t in topics])
-        clicked = rng.random(n) < 0.2 + 0.6 * interest_t[np.arange(n), topics]
+        activity = float(rng.normal(0.0, 1.0))
+        p_click = 1.0 / (1.0 + np.exp(-(activity - 1.0 + 4.0 * interest_t[np.arange(n), topics])))
+        clicked = rng.random(n) < p_click
         actions = np.where(clicked, 1 + (rng.random(n) < 0.2), 0)
         gaps = np.minimum(rng.geometric(0.3, size=n) - 1, cfg.n_gap_buckets - 1)
         dense = rng.normal(0.0, 1.0, size=(n, cfg.event_dense))
@@ -86,7 +90,7 @@ class SyntheticWorld:
             torch.from_numpy(context.astype(np.int64)),
             torch.from_numpy(user_dense.astype(np.float32)),
         )
-        return UserSample(features, end, boost)
+        return UserSample(features, end, activity, boost)
 
     def candidates(
         self, user: UserSample, count: int, seed: int
@@ -103,7 +107,13 @@ class SyntheticWorld:
         topics = np.where(from_top, rng.choice(top, size=count), rng.integers(0, N_TOPICS, count))
         idx = np.array([rng.choice(self.by_topic[t]) for t in topics])
         quality = self.item_quality[idx]
-        logit = 12.0 * user.interest[topics] - 3.0 + 2.0 * quality + user.context_boost
+        logit = (
+            1.5 * user.activity
+            + 8.0 * user.interest[topics]
+            - 3.0
+            + 1.5 * quality
+            + user.context_boost
+        )
         prob = 1.0 / (1.0 + np.exp(-logit))
         labels = (rng.random(count) < prob).astype(np.float32)
         dense = rng.normal(0.0, 1.0, size=(count, cfg.cand_dense))

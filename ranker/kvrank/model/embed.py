@@ -49,8 +49,6 @@ class FeatureEmbedder(nn.Module):
         self.gaps = nn.Embedding(cfg.n_gap_buckets, e)
         self.categories = nn.Embedding(cfg.n_categories, e)
         self.profile = nn.Embedding(cfg.profile_buckets, e)
-        for table in (self.items, self.actions, self.gaps, self.categories, self.profile):
-            nn.init.normal_(table.weight, std=0.05)
         self.event_mlp = TokenMLP(4 * e + cfg.event_dense, d, 1)
         ns_in = (cfg.profile_fields + cfg.context_fields) * e + cfg.user_dense + 1
         self.ns_mlp = TokenMLP(ns_in, d, cfg.ns_tokens)

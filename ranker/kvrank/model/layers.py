@@ -60,14 +60,29 @@ class GroupBlock(nn.Module):
         return h + project(F.gelu(project(rms_norm(h, self.norm2), self.w1)), self.w2)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-    """Masked multi-head attention.
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Per-head recency slopes (ALiBi): head h penalises distance by ``2**(-8(h+1)/H)``.
+
+    Distances are between positions in the sequence, so the bias is the same whatever the
+    padding, and appending events never changes the bias between earlier tokens — what
+    keeps cached K/V exact. It is how candidates tell recent behaviour from old.
+    """
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)])
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, slopes: Tensor, distance: Tensor
+) -> Tensor:
+    """Masked multi-head attention with a linear recency bias.
 
     ``q`` ``[B, Tq, H, dh]``, ``k``/``v`` ``[B, Tk, H, dh]``, ``allowed`` bool broadcastable
-    to ``[B, Tq, Tk]``. Every query must be allowed at least one key (its own).
+    to ``[B, Tq, Tk]``, ``distance`` ``[Tq, Tk]`` (query position − key position). Every
+    query must be allowed at least one key (its own).
     """
+    bias = -slopes.to(q.dtype)[:, None, None] * distance.to(q.dtype)[None]
+    mask = torch.where(allowed[:, None], bias[None], torch.tensor(NEG_INF, dtype=q.dtype))
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None]
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
     )
     return out.transpose(1, 2)
 
@@ -84,20 +99,32 @@ def causal_allowed(order_q: Tensor, order_k: Tensor, key_valid: Tensor) -> Tenso
 
 
 def attend_candidates(
-    q: Tensor, k_self: Tensor, v_self: Tensor, k_user: Tensor, v_user: Tensor, user_valid: Tensor
+    q: Tensor,
+    k_self: Tensor,
+    v_self: Tensor,
+    k_user: Tensor,
+    v_user: Tensor,
+    user_valid: Tensor,
+    slopes: Tensor,
 ) -> Tensor:
     """Candidate tokens attend to the shared user K/V and to their own earlier tokens.
 
     ``q``/``k_self``/``v_self`` ``[B, C, T, H, dh]``; ``k_user``/``v_user`` ``[B, R, H, dh]``
-    are broadcast over the C candidates (never copied); ``user_valid`` ``[B, R]``.
-    Returns ``[B, C, T, H, dh]``. Softmax runs in fp32 over the joined key axis.
+    are broadcast over the C candidates (never copied); ``user_valid`` ``[B, R]``. Candidate
+    token t sits at position ``R + t`` after the R user rows. Returns ``[B, C, T, H, dh]``.
+    Softmax runs in fp32 over the joined key axis.
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
-    t = q.shape[2]
+    t, r, dev = q.shape[2], k_user.shape[1], q.device
+    pos_t = torch.arange(t, device=dev)
+    slope = slopes.to(dev).float()[:, None, None]
+    dist_user = (r + pos_t)[:, None] - torch.arange(r, device=dev)[None]
     s_user = torch.einsum("bcthd,brhd->bchtr", q, k_user).float() * scale
+    s_user = s_user - slope * dist_user.float()
     s_user = s_user.masked_fill(~user_valid[:, None, None, None, :], NEG_INF)
     s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() * scale
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    s_self = s_self - slope * (pos_t[:, None] - pos_t[None]).float()
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
     s_self = s_self.masked_fill(~causal, NEG_INF)
     p = torch.softmax(torch.cat([s_user, s_self], dim=-1), dim=-1).to(q.dtype)
     r = k_user.shape[1]

@@ -26,7 +26,14 @@ from kvrank.model.config import KVDType, ModelConfig
 from kvrank.model.embed import FeatureEmbedder
 from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.model.kv import TORCH_DTYPES, UserKV, quantize_layer
-from kvrank.model.layers import GroupBlock, attend, attend_candidates, causal_allowed, rms_norm
+from kvrank.model.layers import (
+    GroupBlock,
+    alibi_slopes,
+    attend,
+    attend_candidates,
+    causal_allowed,
+    rms_norm,
+)
 
 KVLayers = dict[int, tuple[Tensor, Tensor, Tensor]]  # layer -> (k, v, key_valid), batched
 
@@ -53,6 +60,8 @@ class RankerModel(nn.Module):
         )
         self.final_norm = nn.Parameter(torch.ones(d))
         self.heads = nn.ModuleDict({"ctr": nn.Linear(d, 1)})
+        self.slopes: Tensor
+        self.register_buffer("slopes", alibi_slopes(h), persistent=False)
         self.to(TORCH_DTYPES[cfg.compute_dtype])
 
     @property
@@ -111,15 +120,8 @@ class RankerModel(nn.Module):
             if layer == cfg.n_layers - 1:
                 break
             m = min(k_l, q_l)  # new tokens that stay for the next layer
-            dev = self.device
-            order_q = torch.cat([torch.arange(r - m, r), torch.arange(r, r + cfg.ns_tokens)])
-            order_k = torch.arange(r + cfg.ns_tokens)
-            a = attend(
-                torch.cat([qs[:, k_l - m :], qn], dim=1),
-                k,
-                v,
-                causal_allowed(order_q.to(dev), order_k.to(dev), valid),
-            )
+            q = torch.cat([qs[:, k_l - m :], qn], dim=1)
+            a = self._attend(q, k, v, r - m, valid)
             x_new = seq_blk.finish(x_new[:, k_l - m :], a[:, :m])
             x_ns = ns_blk.finish(x_ns, a[:, m:])
         return self._pack(out, user_kv.kv_dtype, length, user_kv.increments + 1, user_kv.ns_input)
@@ -284,15 +286,7 @@ class RankerModel(nn.Module):
                 out[layer] = (k, v, key_valid)
             if layer == cfg.n_layers - 1:
                 break  # the user side's top-layer outputs are never used
-            order_q = torch.cat([torch.arange(r - q_l, r), torch.arange(r, r + cfg.ns_tokens)])
-            a = attend(
-                torch.cat([qs[:, r - q_l :], qn], dim=1),
-                k,
-                v,
-                causal_allowed(
-                    order_q.to(dev), torch.arange(r + cfg.ns_tokens, device=dev), key_valid
-                ),
-            )
+            a = self._attend(torch.cat([qs[:, r - q_l :], qn], dim=1), k, v, r - q_l, key_valid)
             x_seq = self._seq(layer).finish(x_seq[:, r - q_l :], a[:, :q_l])
             x_ns = self._ns(layer).finish(x_ns, a[:, q_l:])
             valid = valid[:, r - q_l :]
@@ -304,8 +298,22 @@ class RankerModel(nn.Module):
             blk = self._cand(i)
             k_user, v_user, user_valid = layers[first + i]
             q, k_c, v_c = blk.qkv(x_c)
-            x_c = blk.finish(x_c, attend_candidates(q, k_c, v_c, k_user, v_user, user_valid))
+            a = attend_candidates(q, k_c, v_c, k_user, v_user, user_valid, self.slopes)
+            x_c = blk.finish(x_c, a)
         return self._head(x_c)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, first_q: int, key_valid: Tensor) -> Tensor:
+        """Causal attention where the queries are the key positions from ``first_q`` on.
+
+        Keys sit at positions ``0..Tk-1`` (padding masked by ``key_valid [B, Tk]``); the
+        queries are the last ``Tq`` of them, i.e. positions ``first_q..Tk-1``.
+        """
+        dev, n_k = q.device, k.shape[1]
+        order_q = torch.arange(first_q, n_k, device=dev)
+        order_k = torch.arange(n_k, device=dev)
+        assert order_q.numel() == q.shape[1]
+        allowed = causal_allowed(order_q, order_k, key_valid)
+        return attend(q, k, v, allowed, self.slopes, order_q[:, None] - order_k[None])
 
     def _head(self, x_c: Tensor) -> Tensor:
         pooled = rms_norm(x_c, self.final_norm).mean(dim=-2)
@@ -328,10 +336,7 @@ class RankerModel(nn.Module):
             n_tail = ns + (t if with_cand else 0)
             key_valid = torch.cat([valid, torch.ones(b, n_tail, dtype=torch.bool, device=dev)], 1)
             q = torch.cat([qkv[0][0][:, r - q_l :], *[p[0] for p in qkv[1:]]], dim=1)
-            order_q = torch.cat([torch.arange(r - q_l, r), torch.arange(r, r + n_tail)]).to(dev)
-            a = attend(
-                q, k, v, causal_allowed(order_q, torch.arange(r + n_tail, device=dev), key_valid)
-            )
+            a = self._attend(q, k, v, r - q_l, key_valid)
             x_seq = self._seq(layer).finish(x_seq[:, r - q_l :], a[:, :q_l])
             x_ns = self._ns(layer).finish(x_ns, a[:, q_l : q_l + ns])
             if with_cand:

@@ -1,0 +1,35 @@
+"""Cluster fixtures for tests that need Kubernetes: one control plane per test session.
+
+``KVRANK_CLUSTER`` picks the backend (``local`` by default; ``kind`` where Docker exists).
+When a test that used the cluster fails, the tail of every component's log is attached to
+the report, so a failure explains itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from localkube import Cluster, cluster_from_env
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    workdir: Path = tmp_path_factory.mktemp("cluster")
+    c = cluster_from_env(workdir)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    if report.failed and "cluster" in getattr(item, "fixturenames", ()):
+        c = item.funcargs.get("cluster")  # type: ignore[attr-defined]
+        if c is not None:
+            report.sections.append(("control-plane logs", c.logs()))
+    return report

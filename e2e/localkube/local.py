@@ -1,0 +1,360 @@
+"""A real Kubernetes control plane on loopback, without containers.
+
+etcd, kube-apiserver (TLS, RBAC, service-account signing), kube-controller-manager,
+kube-scheduler and kwok (fake nodes whose pods become Running/Ready and whose Job pods
+complete) run as child processes on free ports under one directory, so two clusters on one
+machine never collide. Binaries come from ``build.sh`` (see :func:`binaries`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localkube import pki
+from localkube.processes import Supervisor, free_port, tail
+
+BUILD_SCRIPT = Path(__file__).with_name("build.sh")
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+SERVICE_CIDR = "10.96.0.0/16"
+
+NODES: tuple[dict[str, Any], ...] = (
+    {"name": "kwok-node-0", "gpu": 0},
+    {"name": "kwok-node-1", "gpu": 0},
+    {"name": "kwok-gpu-0", "gpu": 4},
+)
+
+
+def binaries() -> Path:
+    """The directory with the pinned binaries: ``$KVRANK_KUBE_BIN`` or built/reused now."""
+    env = os.environ.get("KVRANK_KUBE_BIN")
+    if env:
+        return Path(env)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"building the control-plane binaries failed:\n{out.stderr[-4000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def kubeconfig_doc(server: str, ca: Path, user: dict[str, str], name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "localkube", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": "localkube", "user": name}}],
+        "current-context": name,
+    }
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``kubeconfig`` is the admin's."""
+
+    workdir: Path
+    tie_to_parent: bool = True
+
+    def __post_init__(self) -> None:
+        self.bin = binaries()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pki_dir = self.workdir / "pki"
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.supervisor = Supervisor(self.log_dir, self.tie_to_parent)
+        self.api_port = 0
+        self.server = ""
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        started = time.monotonic()
+        try:
+            self._start_components(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def logs(self, lines: int = 30) -> str:
+        """The last lines of every component's log (for failing tests)."""
+        parts = []
+        for log in sorted(self.log_dir.glob("*.log")):
+            parts.append(f"----- {log.name} -----\n{tail(log, lines)}")
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ helpers
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        check: bool = True,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, input=input, timeout=120, check=False
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+        return out
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "HELM_CACHE_HOME": str(self.workdir / "helm/cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "helm/config"),
+            "HELM_DATA_HOME": str(self.workdir / "helm/data"),
+        }
+        out = subprocess.run(
+            [str(self.bin / "helm"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed: {out.stderr.strip()}")
+        return out
+
+    def service_account_kubeconfig(self, namespace: str, name: str, duration_s: int = 3600) -> Path:
+        """Mint a token for ``namespace/name`` (TokenRequest) and write a kubeconfig for it."""
+        token = self.kubectl(
+            "create", "token", name, "-n", namespace, f"--duration={duration_s}s"
+        ).stdout.strip()
+        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        doc = kubeconfig_doc(
+            self.server, self.pki_dir / "ca.crt", {"token": token}, f"{namespace}-{name}"
+        )
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    # ------------------------------------------------------------------ internals
+    def _client_kubeconfig(self, name: str, pair: pki.KeyPair) -> Path:
+        path = self.workdir / f"{name}.kubeconfig"
+        user = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+        doc = kubeconfig_doc(self.server, self.pki_dir / "ca.crt", user, name)
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def _start_components(self, timeout: float) -> None:
+        ca = pki.CertificateAuthority(self.pki_dir)
+        sa = pki.service_account_keys(self.pki_dir)
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "10.96.0.1",
+            ),
+        )
+        admin = ca.issue("admin", "localkube-admin", "system:masters")
+        cm = ca.issue("controller-manager", "system:kube-controller-manager")
+        sched = ca.issue("scheduler", "system:kube-scheduler")
+        kwok = ca.issue("kwok", "kwok-controller", "system:masters")
+
+        etcd_port, peer_port = free_port(), free_port()
+        self.api_port = free_port()
+        self.server = f"https://127.0.0.1:{self.api_port}"
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self.supervisor.start(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--name=localkube",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=localkube=http://127.0.0.1:{peer_port}",
+                "--listen-metrics-urls=",
+                "--log-level=warn",
+                "--quota-backend-bytes=1073741824",
+            ],
+        )
+        self.supervisor.start(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={self.pki_dir}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={ca.pair.cert}",
+                f"--service-account-key-file={sa.cert}",
+                f"--service-account-signing-key-file={sa.key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode=RBAC",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                # no kubelets: nothing would lift the not-ready taint from the fake nodes
+                "--disable-admission-plugins=TaintNodesByCondition",
+            ],
+        )
+        self._client_kubeconfig("admin", admin).rename(self.kubeconfig)
+        self._wait_ready(admin, timeout)
+        self.supervisor.start(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={self._client_kubeconfig('controller-manager', cm)}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--service-account-private-key-file={sa.key}",
+                f"--root-ca-file={ca.pair.cert}",
+                "--use-service-account-credentials=true",
+                f"--cert-dir={self.workdir / 'cm-certs'}",
+                "--controllers=*,-nodeipam,-nodelifecycle",
+            ],
+        )
+        self.supervisor.start(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--kubeconfig={self._client_kubeconfig('scheduler', sched)}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={self.workdir / 'sched-certs'}",
+            ],
+        )
+        self.supervisor.start(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self._client_kubeconfig('kwok', kwok)}",
+                f"--config={KWOK_STAGES}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-ip=10.0.0.1",
+                "--cidr=10.0.0.0/24",
+                f"--server-address=127.0.0.1:{free_port()}",
+            ],
+            env={"HOME": str(self.workdir)},
+        )
+        self._create_nodes()
+        self._wait_for(
+            lambda: self._nodes_ready() and self._default_sa(),
+            timeout,
+            "nodes Ready and the default ServiceAccount",
+        )
+
+    def _ssl(self, pair: pki.KeyPair) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        ctx.load_cert_chain(str(pair.cert), str(pair.key))
+        return ctx
+
+    def _wait_ready(self, admin: pki.KeyPair, timeout: float) -> None:
+        ctx = self._ssl(admin)
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        self._wait_for(ready, timeout, "kube-apiserver /readyz")
+
+    def _wait_for(self, cond: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.supervisor.check_alive()
+            if cond():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"local cluster: {what} not reached in {timeout:.0f}s\n{self.logs()}")
+
+    def _create_nodes(self) -> None:
+        docs = []
+        for node in NODES:
+            capacity = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+            if node["gpu"]:
+                capacity["nvidia.com/gpu"] = str(node["gpu"])
+            labels = {
+                "type": "kwok",
+                "kubernetes.io/hostname": node["name"],
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            }
+            if node["gpu"]:
+                labels["nvidia.com/gpu.present"] = "true"
+            docs.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": node["name"],
+                        "labels": labels,
+                        "annotations": {
+                            "kwok.x-k8s.io/node": "fake",
+                            "node.alpha.kubernetes.io/ttl": "0",
+                        },
+                    },
+                    "spec": {},
+                    "status": {"capacity": capacity, "allocatable": capacity},
+                }
+            )
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
+        )
+
+    def _nodes_ready(self) -> bool:
+        out = self.kubectl("get", "nodes", "-o", "json", check=False)
+        if out.returncode != 0:
+            return False
+        items = json.loads(out.stdout)["items"]
+        ready = [
+            n
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) == len(NODES)
+
+    def _default_sa(self) -> bool:
+        return (
+            self.kubectl(
+                "get", "serviceaccount", "default", "-n", "default", check=False
+            ).returncode
+            == 0
+        )

@@ -1,0 +1,128 @@
+"""Certificates and keys for a throwaway control plane: one CA, a serving cert, client certs.
+
+Everything is generated fresh per cluster (RSA 2048, one-day validity) into the cluster's
+own directory; nothing here is meant to outlive a test run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert: Path
+    key: Path
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _write_key(key: rsa.RSAPrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+class CertificateAuthority:
+    """A self-signed CA that issues serving and client certificates into ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._key = _key()
+        now = dt.datetime.now(dt.UTC)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name("localkube-ca"))
+            .issuer_name(_name("localkube-ca"))
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+        self.pair = KeyPair(self.dir / "ca.crt", self.dir / "ca.key")
+        self.pair.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(self._key, self.pair.key)
+
+    def issue(
+        self, name: str, cn: str, org: str | None = None, hosts: tuple[str, ...] = ()
+    ) -> KeyPair:
+        """A leaf certificate; with ``hosts`` it is a serving cert, else a client cert."""
+        key = _key()
+        now = dt.datetime.now(dt.UTC)
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if hosts else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, org))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if hosts:
+            sans: list[x509.GeneralName] = []
+            for h in hosts:
+                try:
+                    sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+                except ValueError:
+                    sans.append(x509.DNSName(h))
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
+        pair = KeyPair(self.dir / f"{name}.crt", self.dir / f"{name}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, pair.key)
+        return pair
+
+
+def service_account_keys(directory: Path) -> KeyPair:
+    """The key pair the API server signs (and verifies) service-account tokens with."""
+    key = _key()
+    pair = KeyPair(directory / "sa.pub", directory / "sa.key")
+    _write_key(key, pair.key)
+    pair.cert.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pair

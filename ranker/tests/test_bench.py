@@ -1,0 +1,65 @@
+"""`kvrank bench --profile quick` reports every mode, exactness and memory in its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REQUIRED = {
+    "profile",
+    "shapes",
+    "modes",
+    "speedup_hit_vs_nocache",
+    "speedup_miss_vs_nocache",
+    "max_abs_diff_fp32",
+    "int8_max_abs_logit_diff",
+    "int8_auc_delta",
+    "kv_bytes_per_user",
+}
+MODES = {"nocache", "nocache_batched", "miss", "hit", "hit_int8", "incremental"}
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kvrank"),
+            "bench",
+            "--profile",
+            "quick",
+            "--candidates",
+            "50,100",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report) >= REQUIRED
+    assert set(report["modes"]) == MODES
+    assert set(report["per_candidates"]) == {"50", "100"}
+    for per_c in report["per_candidates"].values():
+        assert REQUIRED - {
+            "profile",
+            "shapes",
+            "int8_auc_delta",
+            "int8_max_abs_logit_diff",
+            "kv_bytes_per_user",
+        } <= set(per_c)
+    assert report["max_abs_diff_fp32"] <= 1e-4
+    kv = report["kv_bytes_per_user"]
+    assert kv["int8"] < kv["bf16"] < kv["fp32"] and kv["int8_compact"] < kv["int8"]
+    assert report["drift"] and report["drift"][0]["increments"] == 1
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "speed-up hit vs nocache" in proc.stdout
