@@ -12,8 +12,10 @@ export KVRANK_CACHE
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PHASE := scripts/phase.sh
 
+CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
+
 .PHONY: help venv services kube-bins lint test test-only demo bench bench-seed train \
-        cluster-up cluster-down images helm-lint e2e-kind clean
+        cluster-up cluster-down clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -45,6 +47,7 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 	@$(PHASE) kube-bins $(MAKE) --no-print-directory kube-bins
 	@$(PHASE) lint $(MAKE) --no-print-directory lint
 	@$(PHASE) pytest $(MAKE) --no-print-directory test-only
+	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
 test-only: ## Run the test suite only (services are started by fixtures)
 	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q
@@ -60,6 +63,12 @@ bench: venv ## Quick benchmark (CPU, < 1 min): reports/bench-quick.{json,png}
 
 bench-seed: venv ## Seed-size benchmark (minutes on CPU): reports/bench-seed.{json,png}
 	$(VENV)/bin/kvrank bench --profile seed --json reports/bench-seed.json --plot reports/bench-seed.png
+
+cluster-up: venv kube-bins ## Start a local control plane (no Docker); prints export KUBECONFIG=…
+	@PYTHONPATH=e2e $(PY) -m localkube up $(CLUSTER_DIR)
+
+cluster-down: ## Stop the control plane started by cluster-up
+	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
 clean: ## Remove the venv and generated reports
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache

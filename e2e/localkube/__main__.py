@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def main(argv: list[str]) -> int:
     if pid_file.exists():
         print(f"a cluster is already recorded in {pid_file}; run 'down' first", file=sys.stderr)
         return 1
+    shutil.rmtree(workdir, ignore_errors=True)  # a fresh etcd and fresh certificates
     cluster = LocalCluster(workdir, tie_to_parent=False).start()
     pid_file.write_text(json.dumps(cluster.supervisor.pids()))
     print(
