@@ -1,0 +1,65 @@
+"""The L2 entry format: a validated header in front of ``UserKV`` bytes.
+
+Layout: ``b"KVRC"`` magic, 4-byte little-endian header length, JSON header, payload.
+The header carries the format version, model version, fingerprint, K/V dtype, payload size
+and a BLAKE2b checksum of the payload; :func:`decode_entry` checks them all (and the
+payload's own structure) and raises ``CorruptEntryError`` on any mismatch, which every
+caller treats as a miss. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from kvrank.errors import CorruptEntryError
+from kvrank.model.kv import UserKV
+
+MAGIC = b"KVRC"
+ENTRY_FORMAT = 1
+
+
+def _checksum(payload: bytes) -> str:
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+def encode_entry(kv: UserKV) -> bytes:
+    payload = kv.to_bytes()
+    header = json.dumps(
+        {
+            "format": ENTRY_FORMAT,
+            "model_version": kv.model_version,
+            "fingerprint": kv.fingerprint,
+            "kv_dtype": kv.kv_dtype,
+            "size": len(payload),
+            "checksum": _checksum(payload),
+        }
+    ).encode()
+    return MAGIC + len(header).to_bytes(4, "little") + header + payload
+
+
+def decode_entry(data: bytes, model_version: str, fingerprint: str, device: str = "cpu") -> UserKV:
+    """Validate and parse; a wrong model version or fingerprint is also corrupt here."""
+    if len(data) < 8 or data[:4] != MAGIC:
+        raise CorruptEntryError("bad magic or truncated header")
+    size = int.from_bytes(data[4:8], "little")
+    if size > len(data) - 8:
+        raise CorruptEntryError("header length exceeds entry")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except ValueError as exc:
+        raise CorruptEntryError(f"unreadable header: {exc}") from exc
+    payload = data[8 + size :]
+    if header.get("format") != ENTRY_FORMAT:
+        raise CorruptEntryError(f"entry format {header.get('format')!r} != {ENTRY_FORMAT}")
+    if header.get("model_version") != model_version or header.get("fingerprint") != fingerprint:
+        raise CorruptEntryError(
+            f"entry is for model {header.get('model_version')!r}/{header.get('fingerprint')},"
+            f" expected {model_version!r}/{fingerprint}"
+        )
+    if header.get("size") != len(payload) or header.get("checksum") != _checksum(payload):
+        raise CorruptEntryError("payload size or checksum mismatch")
+    kv = UserKV.from_bytes(payload, device)
+    if kv.model_version != model_version or kv.fingerprint != fingerprint:
+        raise CorruptEntryError("payload metadata disagrees with the entry header")
+    return kv

@@ -1,0 +1,106 @@
+"""Cache keys: ``kvrank:{namespace}:{model_version}:{user_id}:{seq_hash}``, and the
+chained sequence hash that names a user's side of the input.
+
+The hash chain starts from the model fingerprint and the user's non-sequential features,
+then folds in one event at a time, so the value after n events names exactly that prefix:
+an appended sequence can find the entry of its prefix (for ``extend_user``), and any change
+of input or model gives a different key. Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvrank.model.inputs import UserFeatures
+
+PREFIX = "kvrank"
+_PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+HASH_BYTES = 16
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Where one user's K/V for one model version and one input live."""
+
+    namespace: str
+    model_version: str
+    user_id: str
+    seq_hash: str
+
+    def __post_init__(self) -> None:
+        for name in ("namespace", "model_version", "user_id", "seq_hash"):
+            value = getattr(self, name)
+            if not _PART.match(value):
+                raise ValueError(f"CacheKey.{name}={value!r} must match {_PART.pattern}")
+
+    def to_string(self) -> str:
+        return f"{PREFIX}:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
+
+    @staticmethod
+    def from_string(text: str) -> CacheKey:
+        parts = text.split(":")
+        if len(parts) != 5 or parts[0] != PREFIX:
+            raise ValueError(f"not a kvrank cache key: {text!r}")
+        return CacheKey(*parts[1:])
+
+    def head_key(self) -> str:
+        """The per-user record naming the latest cached length and hash."""
+        return head_key(self.namespace, self.model_version, self.user_id)
+
+    def lock_key(self) -> str:
+        return f"{PREFIX}-lock:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
+
+
+def head_key(namespace: str, model_version: str, user_id: str) -> str:
+    return f"{PREFIX}-head:{namespace}:{model_version}:{user_id}"
+
+
+def namespace_pattern(namespace: str) -> list[str]:
+    """SCAN patterns matching every key (entries, heads, locks) of ``namespace``."""
+    return [
+        f"{PREFIX}:{namespace}:*",
+        f"{PREFIX}-head:{namespace}:*",
+        f"{PREFIX}-lock:{namespace}:*",
+    ]
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=HASH_BYTES)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.digest()
+
+
+def sequence_chain(user: UserFeatures, fingerprint: str) -> list[str]:
+    """Chain values after 0, 1, …, n events (``n + 1`` hex strings).
+
+    Value ``i`` covers the fingerprint, the profile/context/dense features and events
+    ``0..i-1``; the last value is the request's ``seq_hash``.
+    """
+    ev = user.events
+    base = _digest(
+        fingerprint.encode(),
+        user.profile_ids.cpu().numpy().astype("<i8").tobytes(),
+        user.context_ids.cpu().numpy().astype("<i8").tobytes(),
+        user.dense.cpu().numpy().astype("<f4").tobytes(),
+    )
+    columns = np.stack(
+        [
+            ev.item_ids.cpu().numpy(),
+            ev.categories.cpu().numpy(),
+            ev.actions.cpu().numpy(),
+            ev.gaps.cpu().numpy(),
+        ],
+        axis=1,
+    ).astype("<i8")
+    dense = ev.dense.cpu().numpy().astype("<f4")
+    chain, value = [base.hex()], base
+    for i in range(len(ev)):
+        value = _digest(value, columns[i].tobytes(), dense[i].tobytes())
+        chain.append(value.hex())
+    return chain

@@ -1,0 +1,139 @@
+"""Pure cache policies: keys and hash chains, L1 eviction order, TTL, breaker, singleflight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvrank.cache.breaker import CircuitBreaker
+from kvrank.cache.keys import CacheKey, sequence_chain
+from kvrank.cache.l1 import L1Cache
+from kvrank.cache.singleflight import SingleFlight, wait_for_peer
+from kvrank.cache.ttl import IntervalTracker, TTLSettings, clamp_ttl, current_ttl
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_cache_key_round_trips_and_rejects_separators() -> None:
+    key = CacheKey("stable-v3", "v3", "user_42", "ab12")
+    assert key.to_string() == "kvrank:stable-v3:v3:user_42:ab12"
+    assert CacheKey.from_string(key.to_string()) == key
+    with pytest.raises(ValueError, match="user_id"):
+        CacheKey("ns", "v1", "a:b", "h")
+    with pytest.raises(ValueError, match="not a kvrank cache key"):
+        CacheKey.from_string("other:ns:v1:u:h")
+
+
+def test_chain_recognises_prefixes_and_any_change(factory, tiny_cfg) -> None:
+    user = factory.user(tiny_cfg, 10, 1)
+    chain = sequence_chain(user, "fp")
+    assert len(chain) == 11
+    longer = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 9)))
+    assert sequence_chain(longer, "fp")[: len(chain)] == chain  # prefix recognisable
+    assert sequence_chain(user, "other-model")[-1] != chain[-1]
+    from dataclasses import replace
+
+    changed = replace(user, context_ids=user.context_ids + 1)
+    assert sequence_chain(changed, "fp")[-1] != chain[-1]
+    ev = user.events
+    edited = user.with_events(replace(ev, actions=ev.actions.clone().fill_(0)))
+    assert sequence_chain(edited, "fp")[-1] != chain[-1]
+
+
+def test_l1_budget_is_bytes_and_one_shot_users_go_first(factory, tiny_cfg) -> None:
+    model = factory.model(tiny_cfg)
+    kv = model.encode_user(factory.user(tiny_cfg, 4, 1))
+    cache = L1Cache(budget_bytes=kv.nbytes * 4, clock=Clock())
+    cache.put("repeat-1", kv, 60)
+    cache.put("repeat-2", kv, 60)
+    assert cache.get("repeat-1") and cache.get("repeat-2")  # seen twice: protected
+    for i in range(5):
+        cache.put(f"once-{i}", kv, 60)
+    assert cache.nbytes <= kv.nbytes * 4
+    assert cache.get("repeat-1") is not None and cache.get("repeat-2") is not None
+    assert cache.get("once-0") is None and cache.get("once-4") is not None
+    assert cache.stats.evictions == 3
+
+
+def test_l1_expiry_and_oversized_entries(factory, tiny_cfg) -> None:
+    model = factory.model(tiny_cfg)
+    kv = model.encode_user(factory.user(tiny_cfg, 4, 1))
+    clock = Clock()
+    cache = L1Cache(budget_bytes=kv.nbytes * 2, clock=clock)
+    cache.put("a", kv, ttl_s=5)
+    clock.now = 6
+    assert cache.get("a") is None and cache.stats.expired == 1
+    tiny = L1Cache(budget_bytes=kv.nbytes - 1)
+    assert tiny.put("big", kv, 60) is False and len(tiny) == 0
+
+
+def test_ttl_formula_and_measured_intervals() -> None:
+    s = TTLSettings(factor=3, min_s=1, max_s=300)
+    assert clamp_ttl(10, s) == 30 and clamp_ttl(0.1, s) == 1 and clamp_ttl(1000, s) == 300
+    clock = Clock()
+    tracker = IntervalTracker(min_samples=5, clock=clock)
+    assert current_ttl(tracker, s) == s.default_s  # not enough data yet
+    for t in range(10):
+        clock.now = t * 4.0
+        tracker.observe("u1")
+    assert tracker.mean() == pytest.approx(4.0)
+    assert current_ttl(tracker, s) == pytest.approx(12.0)
+    assert current_ttl(tracker, TTLSettings(fixed_s=7)) == 7
+
+
+def test_breaker_opens_and_closes_by_itself() -> None:
+    clock = Clock()
+    b = CircuitBreaker(failure_threshold=2, cooldown_s=1.0, clock=clock)
+    b.failure()
+    assert b.allow()
+    b.failure()
+    assert not b.allow() and b.state == "open"
+    clock.now = 1.5
+    assert b.state == "half_open" and b.allow()
+    b.success()
+    assert b.state == "closed"
+
+
+async def test_singleflight_runs_once_and_shares_the_result() -> None:
+    flight: SingleFlight[int] = SingleFlight()
+    calls = 0
+
+    async def create() -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05)
+        return 42
+
+    results = await asyncio.gather(*[flight.do("k", create) for _ in range(50)])
+    assert results == [42] * 50 and calls == 1
+    assert flight.stats.leaders == 1 and flight.stats.shared == 49
+
+
+async def test_singleflight_errors_reach_every_waiter_once() -> None:
+    flight: SingleFlight[int] = SingleFlight()
+
+    async def boom() -> int:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("encode failed")
+
+    results = await asyncio.gather(
+        *[flight.do("k", boom) for _ in range(3)], return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
+
+
+async def test_wait_for_peer_is_bounded() -> None:
+    async def never() -> int | None:
+        return None
+
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await wait_for_peer(never, bound_s=0.01) is None
+    assert loop.time() - t0 < 0.1
