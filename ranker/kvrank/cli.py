@@ -23,16 +23,6 @@ app.add_typer(cache_app, name="cache")
 PROFILES = ("quick", "seed")
 
 
-def _not_built(what: str, needs: str) -> None:
-    typer.secho(
-        f"kvrank {what} is not available in this build: it needs {needs}, which has not"
-        " landed yet.",
-        fg=typer.colors.YELLOW,
-        err=True,
-    )
-    raise typer.Exit(code=2)
-
-
 @app.command()
 def train(
     out: Annotated[Path, typer.Option(help="Artifact directory to write.")] = Path(
@@ -76,35 +66,135 @@ def demo(
     model: Annotated[
         Path, typer.Option(help="Artifact to use; trained here first if missing.")
     ] = Path("artifacts/quick"),
+    report: Annotated[Path, typer.Option(help="Report folder.")] = Path("reports/demo"),
 ) -> None:
-    """Train or load the small model and show cached vs. uncached scoring."""
+    """Train or load the small model, serve it with and without the cache, replay traffic."""
     from kvrank.jobs import run_demo
 
-    run_demo(model)
+    run_demo(model, report)
 
 
 @app.command()
-def serve() -> None:
-    """Run the scoring server (FastAPI, two-level cache)."""
-    _not_built("serve", "the scoring server and two-level cache")
+def serve(
+    model: Annotated[Path | None, typer.Option(help="Model artifact directory.")] = None,
+    redis: Annotated[str | None, typer.Option(help="L2 Redis URL (omit: L1 only).")] = None,
+    redis_cluster: Annotated[bool, typer.Option(help="The URL is a Redis Cluster.")] = False,
+    namespace: Annotated[str | None, typer.Option(help="Cache namespace.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="JSON/YAML config file (watched for TTL changes).")
+    ] = None,
+    l1_bytes: Annotated[int | None, typer.Option(help="L1 byte budget.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    no_cache: Annotated[
+        bool, typer.Option(help="Serve without K/V cache (C full forwards; the baseline).")
+    ] = False,
+) -> None:
+    """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
+    import uvicorn
+
+    from kvrank.server.app import create_app
+    from kvrank.server.config import load_config
+
+    overrides: dict[str, object] = {
+        "model_dir": str(model) if model else None,
+        "namespace": namespace,
+        "host": host,
+        "port": port,
+        "config_file": str(config) if config else None,
+        "l1_bytes": l1_bytes,
+        "device": device,
+        "cache_mode": "full" if no_cache else None,
+    }
+    if redis:
+        overrides["redis"] = {"url": redis, "cluster": redis_cluster}
+    cfg = load_config(overrides)
+    if not (Path(cfg.model_dir) / "config.json").is_file():
+        typer.secho(
+            f"kvrank serve: no model artifact at {cfg.model_dir} (config.json missing);"
+            " train one with `kvrank train --out DIR`",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    uvicorn.run(
+        create_app(cfg),
+        host=cfg.host,
+        port=cfg.port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
 
 
 @app.command()
-def loadtest() -> None:
-    """Replay a workload against cache-enabled and cache-disabled servers."""
-    _not_built("loadtest", "the scoring server and two-level cache")
+def loadtest(
+    profile: Annotated[
+        str, typer.Option(help="smoke (seconds), quick (~1.5 min), full.")
+    ] = "quick",
+    model: Annotated[Path | None, typer.Option(help="Artifact (default: seed-fixed).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+) -> None:
+    """Replay a workload against cache-enabled and cache-disabled servers, side by side."""
+    from kvrank.jobs import run_loadtest
+
+    if profile not in ("smoke", "quick", "full"):
+        raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
+    run_loadtest(profile, model, json_out)
 
 
 @cache_app.command("purge")
-def cache_purge() -> None:
-    """Remove every key of one cache namespace from Redis."""
-    _not_built("cache purge", "the Redis cache tier")
+def cache_purge(
+    namespace: Annotated[str, typer.Option(help="Namespace to remove.")],
+    redis: Annotated[str, typer.Option(help="Redis URL.", envvar="KVRANK_REDIS_URL")],
+    cluster: Annotated[bool, typer.Option(help="The URL is a Redis Cluster.")] = False,
+    max_keys_per_s: Annotated[float, typer.Option(help="Rate limit.")] = 50_000,
+) -> None:
+    """Remove every key of one cache namespace (SCAN + UNLINK on every master)."""
+    import asyncio
+    import os
+
+    from kvrank.cache.redis_tier import RedisSettings, purge_namespace
+
+    settings = RedisSettings(
+        redis, cluster=cluster, password=os.environ.get("KVRANK_REDIS_PASSWORD")
+    )
+    removed = asyncio.run(purge_namespace(settings, namespace, max_keys_per_s=max_keys_per_s))
+    typer.echo(f"purged namespace {namespace!r}: {removed} keys removed")
 
 
 @cache_app.command("invalidate")
-def cache_invalidate() -> None:
-    """Drop one user's cached K/V."""
-    _not_built("cache invalidate", "the Redis cache tier")
+def cache_invalidate(
+    user_id: Annotated[str, typer.Argument(help="User whose cached K/V to drop.")],
+    namespace: Annotated[str, typer.Option(help="Cache namespace.")],
+    model_version: Annotated[str, typer.Option(help="Model version.")],
+    redis: Annotated[str, typer.Option(help="Redis URL.", envvar="KVRANK_REDIS_URL")],
+    cluster: Annotated[bool, typer.Option(help="The URL is a Redis Cluster.")] = False,
+) -> None:
+    """Drop one user's cached K/V from L2 (pods' L1 entries expire with their TTL)."""
+    import asyncio
+    import os
+
+    from kvrank.cache.l1 import L1Cache
+    from kvrank.cache.redis_tier import RedisSettings, RedisTier
+    from kvrank.cache.tiered import TieredCache
+
+    async def run() -> int:
+        tier = RedisTier(
+            RedisSettings(
+                redis,
+                cluster=cluster,
+                op_timeout_s=2.0,
+                password=os.environ.get("KVRANK_REDIS_PASSWORD"),
+            )
+        )
+        try:
+            cache = TieredCache(L1Cache(0), tier, model_version, "")
+            return await cache.invalidate_user(namespace, user_id)
+        finally:
+            await tier.close()
+
+    typer.echo(f"invalidated user {user_id!r}: {asyncio.run(run())} entries removed")
 
 
 def main() -> None:

@@ -1,22 +1,22 @@
 """The ``train`` and ``demo`` jobs behind the CLI: orchestration and console output only.
 
-Each job composes library pieces (training, artifacts, the model API) and prints a
+Each job composes library pieces (training, artifacts, the load test) and prints a
 readable summary with rich. The maths lives elsewhere; this module must not grow any.
 """
 
 from __future__ import annotations
 
-import statistics
+import json
 import time
 from pathlib import Path
+from typing import Any
 
-import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from kvrank.data.synthetic import SyntheticWorld
-from kvrank.model.artifact import load_model, save_model
+from kvrank.model.artifact import save_model
 from kvrank.model.config import QUICK, SEED, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.train import TrainSettings, evaluate, held_out, train
@@ -49,46 +49,103 @@ def train_and_save(out: Path, profile: str, steps: int, version: str, seed: int)
     return model
 
 
-def run_demo(model_dir: Path) -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def _print_load(summary: dict[str, Any], title: str) -> None:
+    c, n = summary["cache"], summary["nocache"]
+    table = Table(title=title)
+    for col in ("", "with cache", "without cache"):
+        table.add_column(col, justify="right" if col else "left")
+    table.add_row("requests", str(c["requests"]), str(n["requests"]))
+    table.add_row("errors", str(c["errors"]), str(n["errors"]))
+    table.add_row("p50 ms", f"{c['p50_ms']:.1f}", f"{n['p50_ms']:.1f}")
+    table.add_row("p99 ms", f"{c['p99_ms']:.1f}", f"{n['p99_ms']:.1f}")
+    table.add_row("QPS", f"{c['qps']:.1f}", f"{n['qps']:.1f}")
+    table.add_row(
+        "hit ratio (L1 / L2 / incremental)",
+        f"{c['hit_ratio']:.2f} ({c['l1_hit_ratio']:.2f} / {c['l2_hit_ratio']:.2f} /"
+        f" {c['incremental_ratio']:.2f})",
+        "—",
+    )
+    enc = summary["user_encodes"]
+    table.add_row(
+        "full user encodes",
+        f"{enc['full']:.0f} (saved {enc['saved']:.0f})",
+        f"{n['requests']} × C forwards",
+    )
+    table.add_row("L1 memory", f"{summary['l1_bytes'] / 2**20:.1f} MiB", "—")
+    console.print(table)
+    console.print(
+        f"p99 speed-up {summary['p99_speedup']:.1f}×, p50 speed-up"
+        f" {summary['p50_speedup']:.1f}× — L2: {summary['redis']}"
+    )
+
+
+def run_loadtest(profile: str, model: Path | None, json_out: Path | None) -> dict[str, Any]:
+    from kvrank.loadtest import run_load
+
+    run = run_load(profile, model)
+    _print_load(run.summary, f"kvrank loadtest — {profile} profile")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(run.summary, indent=2) + "\n")
+    return run.summary
+
+
+def run_demo(model_dir: Path, report_dir: Path) -> None:
+    from kvrank.loadtest import PROFILES, run_load
+
     if (model_dir / "config.json").is_file():
-        model = load_model(model_dir)
-        console.print(f"loaded model {model.version!r} from {model_dir}")
+        console.print(f"loaded model from {model_dir}")
     else:
         console.print(f"no artifact at {model_dir}: training the quick model first")
-        model = train_and_save(model_dir, "quick", TrainSettings().steps, "v1", 0)
-    world = SyntheticWorld(model.cfg, 0)
-    timings: dict[str, list[float]] = {
-        "no cache (C forwards)": [],
-        "miss (encode+score)": [],
-        "hit (score only)": [],
-    }
-    max_diff = 0.0
-    for i in range(20):
-        u = world.user(90_000_000 + i)
-        cands, _, _ = world.candidates(u, 100, i)
-        t0 = time.perf_counter()
-        full = model.forward_full(u.features, cands, batched=False)
-        t1 = time.perf_counter()
-        kv = model.encode_user(u.features)
-        model.score(kv, cands)
-        t2 = time.perf_counter()
-        hit = model.score(kv, cands)
-        t3 = time.perf_counter()
-        for name, dt in zip(timings, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-            timings[name].append(dt * 1e3)
-        max_diff = max(max_diff, float((hit - full).abs().max()))
-    table = Table(title="100 candidates per request, 20 users (CPU)")
-    table.add_column("path")
-    table.add_column("p50 ms", justify="right")
-    table.add_column("vs no cache", justify="right")
-    base = statistics.median(timings["no cache (C forwards)"])
-    for name, vals in timings.items():
-        p50 = statistics.median(vals)
-        table.add_row(name, f"{p50:.2f}", f"{base / p50:.1f}×")
-    console.print(table)
-    console.print(f"max |Δlogit| cached vs. no-cache: {max_diff:.2e}")
-    console.print(
-        "[yellow]Not in this build yet:[/] the two-level cache (L1 on device, L2 Redis), the"
-        " scoring server and the workload replay; this demo shows the model-level saving."
-    )
+        train_and_save(model_dir, "quick", TrainSettings().steps, "v1", 0)
+    prof = PROFILES["quick"]
+    total = prof.cache_requests + prof.nocache_requests
+    with Progress(console=console) as bar:
+        task = bar.add_task("replaying workload", total=total)
+        run = run_load("quick", model_dir, on_result=lambda _n, _r: bar.advance(task))
+    if "L1 only" in run.summary["redis"]:
+        console.print("[yellow]redis-server is not installed: this run used L1 only[/]")
+    _print_load(run.summary, "kvrank demo — two cache-enabled rankers sharing Redis vs. none")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "summary.json").write_text(json.dumps(run.summary, indent=2) + "\n")
+    _plot_demo(run, report_dir)
+    console.print(f"report: {report_dir}/summary.json, latency_cdf.png, hit_ratio.png")
+
+
+def _plot_demo(run: Any, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, results in (
+        ("with cache", run.cache_results),
+        ("without cache", run.nocache_results),
+    ):
+        lat = np.sort([r.latency_ms for r in results if r.status == 200])
+        ax.plot(lat, np.arange(1, len(lat) + 1) / max(1, len(lat)), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms, log)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("Scoring latency CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.savefig(out / "latency_cdf.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    hits = np.array([r.outcome in ("l1", "l2", "incremental") for r in run.cache_results], float)
+    window = max(10, len(hits) // 20)
+    rolling = np.convolve(hits, np.ones(window) / window, mode="valid")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(np.arange(len(rolling)) + window, rolling)
+    ax.axhline(0.7, color="red", linestyle="--", label="0.7: below, TTL or routing is wrong")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("request")
+    ax.set_ylabel(f"hit ratio (rolling {window})")
+    ax.set_title("Cache hit ratio over time")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.savefig(out / "hit_ratio.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -197,8 +197,10 @@ class RedisClusterProcesses:
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
     base = tmp_path_factory.mktemp("redis-cluster")
-    nodes = [RedisProcess(_free_port(), base / f"n{i}", cluster=True).start() for i in range(3)]
+    nodes: list[RedisProcess] = []
     try:
+        for i in range(3):
+            nodes.append(RedisProcess(_free_port(), base / f"n{i}", cluster=True).start())
         out = subprocess.run(
             [
                 "redis-cli",

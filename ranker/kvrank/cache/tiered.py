@@ -65,6 +65,10 @@ class TieredCache:
         self.l1.put(text, kv, ttl_s)
         return kv, "l2"
 
+    async def get_l1(self, key: CacheKey) -> tuple[UserKV | None, Tier | None]:
+        kv = self.l1.get(key.to_string())
+        return (kv, "l1") if kv is not None else (None, None)
+
     async def get_l2(self, key: CacheKey) -> UserKV | None:
         if self.l2 is None:
             return None

@@ -98,34 +98,43 @@ def causal_allowed(order_q: Tensor, order_k: Tensor, key_valid: Tensor) -> Tenso
     return (earlier[None] & key_valid[:, None, :]) | itself[None]
 
 
+def candidate_bias(user_valid: Tensor, t: int, slopes: Tensor) -> tuple[Tensor, Tensor]:
+    """Additive attention biases for candidate queries (computed once per layer).
+
+    Returns ``[B, H, T, R]`` towards the R user rows (recency slope, ``-inf`` on padding)
+    and ``[H, T, T]`` towards the candidate's own tokens (recency, ``-inf`` on later ones).
+    Candidate token t sits at position ``R + t`` after the user rows.
+    """
+    r, dev = user_valid.shape[1], user_valid.device
+    pos_t = torch.arange(t, device=dev)
+    slope = slopes.to(dev).float()[:, None, None]
+    dist_user = ((r + pos_t)[:, None] - torch.arange(r, device=dev)[None]).float()
+    bias_user = (-slope * dist_user)[None].expand(user_valid.shape[0], -1, -1, -1)
+    bias_user = bias_user.masked_fill(~user_valid[:, None, None, :], NEG_INF)
+    dist_self = (pos_t[:, None] - pos_t[None]).float()
+    bias_self = (-slope * dist_self).masked_fill(dist_self < 0, NEG_INF)
+    return bias_user, bias_self
+
+
 def attend_candidates(
     q: Tensor,
     k_self: Tensor,
     v_self: Tensor,
     k_user: Tensor,
     v_user: Tensor,
-    user_valid: Tensor,
-    slopes: Tensor,
+    bias_user: Tensor,
+    bias_self: Tensor,
 ) -> Tensor:
     """Candidate tokens attend to the shared user K/V and to their own earlier tokens.
 
     ``q``/``k_self``/``v_self`` ``[B, C, T, H, dh]``; ``k_user``/``v_user`` ``[B, R, H, dh]``
-    are broadcast over the C candidates (never copied); ``user_valid`` ``[B, R]``. Candidate
-    token t sits at position ``R + t`` after the R user rows. Returns ``[B, C, T, H, dh]``.
-    Softmax runs in fp32 over the joined key axis.
+    are broadcast over the C candidates (never copied); biases from :func:`candidate_bias`.
+    Returns ``[B, C, T, H, dh]``. Softmax runs in fp32 over the joined key axis; every
+    elementwise pass over the ``[B, C, H, T, R]`` scores is kept to one add.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    t, r, dev = q.shape[2], k_user.shape[1], q.device
-    pos_t = torch.arange(t, device=dev)
-    slope = slopes.to(dev).float()[:, None, None]
-    dist_user = (r + pos_t)[:, None] - torch.arange(r, device=dev)[None]
-    s_user = torch.einsum("bcthd,brhd->bchtr", q, k_user).float() * scale
-    s_user = s_user - slope * dist_user.float()
-    s_user = s_user.masked_fill(~user_valid[:, None, None, None, :], NEG_INF)
-    s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() * scale
-    s_self = s_self - slope * (pos_t[:, None] - pos_t[None]).float()
-    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-    s_self = s_self.masked_fill(~causal, NEG_INF)
+    q = q * (1.0 / math.sqrt(q.shape[-1]))  # scale the small tensor, not the scores
+    s_user = torch.einsum("bcthd,brhd->bchtr", q, k_user).float() + bias_user[:, None]
+    s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() + bias_self
     p = torch.softmax(torch.cat([s_user, s_self], dim=-1), dim=-1).to(q.dtype)
     r = k_user.shape[1]
     p_user, p_self = p[..., :r], p[..., r:]

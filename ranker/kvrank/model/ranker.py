@@ -31,6 +31,7 @@ from kvrank.model.layers import (
     alibi_slopes,
     attend,
     attend_candidates,
+    candidate_bias,
     causal_allowed,
     rms_norm,
 )
@@ -298,7 +299,8 @@ class RankerModel(nn.Module):
             blk = self._cand(i)
             k_user, v_user, user_valid = layers[first + i]
             q, k_c, v_c = blk.qkv(x_c)
-            a = attend_candidates(q, k_c, v_c, k_user, v_user, user_valid, self.slopes)
+            bias_user, bias_self = candidate_bias(user_valid, x_c.shape[-2], self.slopes)
+            a = attend_candidates(q, k_c, v_c, k_user, v_user, bias_user, bias_self)
             x_c = blk.finish(x_c, a)
         return self._head(x_c)
 

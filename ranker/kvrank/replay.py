@@ -1,0 +1,89 @@
+"""Sends a workload to running servers and records what every request experienced.
+
+Requests go out at their scheduled times (open loop, bounded concurrency), round-robin
+over the given server URLs; each result keeps latency, HTTP status and cache outcome.
+:func:`summarize` turns results into the figures reports print (hit ratios, p50/p99, QPS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from kvrank.workload import Request
+
+
+@dataclass(frozen=True)
+class Result:
+    sent_s: float
+    latency_ms: float
+    status: int
+    outcome: str  # l1 | l2 | incremental | miss | error
+
+
+async def replay(
+    requests: Iterable[Request],
+    urls: list[str],
+    concurrency: int = 16,
+    on_result: Callable[[Result], None] | None = None,
+    speed: float = 1.0,
+) -> list[Result]:
+    """Open-loop replay; ``speed`` > 1 compresses the schedule."""
+    sem = asyncio.Semaphore(concurrency)
+    results: list[Result] = []
+    start = time.monotonic()
+
+    async def one(client: httpx.AsyncClient, i: int, req: Request) -> None:
+        async with sem:
+            t0 = time.monotonic()
+            try:
+                resp = await client.post(f"{urls[i % len(urls)]}/v1/score", json=req.body)
+                outcome = resp.json().get("cache", "error") if resp.status_code == 200 else "error"
+                status = resp.status_code
+            except httpx.HTTPError:
+                outcome, status = "error", 0
+            r = Result(t0 - start, (time.monotonic() - t0) * 1e3, status, outcome)
+            results.append(r)
+            if on_result:
+                on_result(r)
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as c:
+        tasks = []
+        for i, req in enumerate(requests):
+            delay = req.at_s / speed - (time.monotonic() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(c, i, req)))
+        await asyncio.gather(*tasks)
+    return sorted(results, key=lambda r: r.sent_s)
+
+
+def summarize(results: list[Result]) -> dict[str, Any]:
+    ok = [r for r in results if r.status == 200]
+    lat = np.array([r.latency_ms for r in ok]) if ok else np.array([0.0])
+    outcomes = [r.outcome for r in ok]
+    n = max(1, len(ok))
+    span = (
+        max(r.sent_s + r.latency_ms / 1e3 for r in results) - min(r.sent_s for r in results)
+        if results
+        else 1.0
+    )
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "hit_ratio": sum(o in ("l1", "l2", "incremental") for o in outcomes) / n,
+        "l1_hit_ratio": outcomes.count("l1") / n,
+        "l2_hit_ratio": outcomes.count("l2") / n,
+        "incremental_ratio": outcomes.count("incremental") / n,
+        "miss_ratio": outcomes.count("miss") / n,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "mean_ms": float(lat.mean()),
+        "qps": len(ok) / max(span, 1e-9),
+    }

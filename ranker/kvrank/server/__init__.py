@@ -1,0 +1,1 @@
+"""The HTTP boundary: FastAPI app, request schemas, configuration (see ``app``)."""

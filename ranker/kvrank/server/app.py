@@ -1,0 +1,264 @@
+"""The FastAPI application: ``/v1/score``, health, readiness, metrics and admin endpoints.
+
+Errors are mapped here and only here: ``InputError`` and schema violations → 422 naming
+the field, an oversized body → 413, ``IncompatibleKVError`` → 409, anything else → 500
+with a request id and no stack trace. The app owns the service's lifetime (load the
+model, warm it up, then report ready) and watches the config file for TTL changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvrank.cache.l1 import L1Cache
+from kvrank.cache.redis_tier import RedisSettings, RedisTier
+from kvrank.cache.tiered import TieredCache
+from kvrank.cache.ttl import TTLSettings
+from kvrank.errors import IncompatibleKVError, InputError
+from kvrank.metrics import Metrics
+from kvrank.model.artifact import load_model
+from kvrank.server.config import ServerConfig, TTLConfig, read_file, redis_password
+from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
+from kvrank.service import RankingService, ServiceSettings
+
+log = logging.getLogger("kvrank.server")
+CONFIG_POLL_S = 1.0
+
+
+def ttl_settings(cfg: TTLConfig) -> TTLSettings:
+    return TTLSettings(
+        factor=cfg.factor,
+        min_s=cfg.min_seconds,
+        max_s=cfg.max_seconds,
+        jitter=cfg.jitter,
+        fixed_s=cfg.fixed_seconds,
+    )
+
+
+@dataclass
+class AppState:
+    cfg: ServerConfig
+    service: RankingService | None = None
+    ready: bool = False
+    config_mtime: float = 0.0
+
+
+def build_service(cfg: ServerConfig) -> RankingService:
+    model = load_model(Path(cfg.model_dir), cfg.device)
+    l2 = None
+    if cfg.redis.url:
+        l2 = RedisTier(
+            RedisSettings(
+                cfg.redis.url,
+                cluster=cfg.redis.cluster,
+                password=redis_password(cfg.redis),
+                tls_ca_file=cfg.redis.tls_ca_file,
+                op_timeout_s=cfg.redis.op_timeout_ms / 1e3,
+            )
+        )
+    cache = TieredCache(
+        L1Cache(cfg.l1_bytes), l2, model.version, model.cfg.fingerprint(), cfg.device
+    )
+    settings = ServiceSettings(
+        namespace=cfg.namespace,
+        kv_dtype=cfg.kv_dtype,
+        lock_wait_s=cfg.lock_wait_ms / 1e3,
+        refresh_every=cfg.refresh_every,
+        ttl=ttl_settings(cfg.ttl),
+        cache_mode=cfg.cache_mode,
+    )
+    return RankingService(model, cache, settings, Metrics(model.version, cfg.namespace))
+
+
+async def _warm_up(service: RankingService) -> None:
+    """One encode and one score, so the first real request does not pay for lazy init."""
+    from kvrank.model.inputs import Candidates, Events, UserFeatures
+
+    cfg = service.model.cfg
+    ev = Events(
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1, cfg.event_dense),
+    )
+    user = UserFeatures(
+        ev,
+        torch.zeros(cfg.profile_fields, dtype=torch.int64),
+        torch.zeros(cfg.context_fields, dtype=torch.int64),
+        torch.zeros(cfg.user_dense),
+    )
+    cands = Candidates(
+        torch.zeros(2, dtype=torch.int64),
+        torch.zeros(2, dtype=torch.int64),
+        torch.zeros(2, cfg.cand_dense),
+    )
+    kv = await service.run_model(service.model.encode_user, user)
+    await service.run_model(service.model.score, kv, cands)
+
+
+async def _watch_config(state: AppState) -> None:
+    path = Path(state.cfg.config_file) if state.cfg.config_file else None
+    while path is not None:
+        await asyncio.sleep(CONFIG_POLL_S)
+        with contextlib.suppress(OSError, ValueError):
+            mtime = path.stat().st_mtime
+            if mtime == state.config_mtime:
+                continue
+            state.config_mtime = mtime
+            ttl = TTLConfig.model_validate(read_file(path).get("ttl", {}))
+            if state.service is not None:
+                state.service.settings.ttl = ttl_settings(ttl)
+                log.info("config reloaded: ttl %s", ttl.model_dump())
+
+
+def create_app(cfg: ServerConfig, service: RankingService | None = None) -> FastAPI:
+    state = AppState(cfg, service)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if state.service is None:
+            state.service = await asyncio.to_thread(build_service, cfg)
+        if cfg.config_file:
+            with contextlib.suppress(OSError):
+                state.config_mtime = Path(cfg.config_file).stat().st_mtime
+        await _warm_up(state.service)
+        state.ready = True
+        watcher = asyncio.create_task(_watch_config(state))
+        yield
+        state.ready = False
+        watcher.cancel()
+        if state.service.cache.l2 is not None:
+            await state.service.cache.l2.close()
+        await state.service.close()
+
+    app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
+    app.state.kvrank = state
+
+    @app.middleware("http")
+    async def limits_and_ids(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            return _error(
+                413,
+                "body",
+                f"request body of {length} bytes exceeds max_body_bytes={cfg.max_body_bytes}",
+                request,
+            )
+        try:
+            response = await call_next(request)
+        except Exception:
+            log.exception("request %s failed", request.state.request_id)
+            return _error(500, None, "internal error", request)
+        response.headers["x-request-id"] = request.state.request_id
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        field = ".".join(str(p) for p in first["loc"] if p != "body")
+        return _error(422, field, str(first["msg"]), request, details=_safe(exc.errors()))
+
+    @app.exception_handler(InputError)
+    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
+        return _error(422, exc.field, exc.problem, request)
+
+    @app.exception_handler(IncompatibleKVError)
+    async def incompatible(request: Request, exc: IncompatibleKVError) -> JSONResponse:
+        return _error(409, None, str(exc), request)
+
+    @app.post("/v1/score", response_model=ScoreResponse)
+    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
+        svc = _service(state)
+        cfg_m = svc.model.cfg
+        user, cands = body.to_features(cfg_m.event_dense, cfg_m.cand_dense)
+        result = await svc.score(body.user_id, user, cands)
+        return ScoreResponse(
+            request_id=request.state.request_id,
+            model_version=svc.model.version,
+            scores=[float(x) for x in result.scores],
+            cache=result.outcome,
+            timings_ms=result.timings_ms,
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if not state.ready:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ready", "model_version": _service(state).model.version})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        svc = _service(state)
+        svc.refresh_gauges()
+        return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/invalidate/{user_id}", response_model=InvalidateResponse)
+    async def invalidate(user_id: str) -> InvalidateResponse:
+        svc = _service(state)
+        removed = await svc.cache.invalidate_user(svc.settings.namespace, user_id)
+        return InvalidateResponse(user_id=user_id, removed=removed)
+
+    @app.get("/admin/config")
+    async def effective_config() -> dict[str, Any]:
+        svc = _service(state)
+        doc = cfg.model_dump(mode="json")
+        doc["effective_ttl_seconds"] = svc.ttl_s
+        doc["ttl"] = {
+            "fixed_seconds": svc.settings.ttl.fixed_s,
+            "factor": svc.settings.ttl.factor,
+            "min_seconds": svc.settings.ttl.min_s,
+            "max_seconds": svc.settings.ttl.max_s,
+            "jitter": svc.settings.ttl.jitter,
+        }
+        return doc
+
+    return app
+
+
+def _service(state: AppState) -> RankingService:
+    if state.service is None:
+        raise RuntimeError("service not started")
+    return state.service
+
+
+def _safe(errors: Any) -> list[dict[str, Any]]:
+    return [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg"))} for e in errors]
+
+
+def _error(
+    status: int,
+    field: str | None,
+    message: str,
+    request: Request,
+    details: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "error": message,
+        "request_id": getattr(request.state, "request_id", None),
+    }
+    if field is not None:
+        body["field"] = field
+    if details:
+        body["details"] = details
+    return JSONResponse(body, status_code=status)

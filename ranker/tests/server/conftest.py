@@ -1,0 +1,161 @@
+"""Fixtures for the HTTP tests: a small saved model, request bodies, in-process apps and
+real `kvrank serve` processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from kvrank.model.artifact import save_model
+from kvrank.model.config import ModelConfig
+from kvrank.model.inputs import Candidates, UserFeatures
+from kvrank.server.app import create_app
+from kvrank.server.config import load_config
+
+SERVER_CFG = ModelConfig(
+    d_model=32,
+    n_heads=4,
+    n_layers=2,
+    max_events=32,
+    ns_tokens=2,
+    cand_tokens=4,
+    item_buckets=1000,
+    profile_buckets=500,
+    n_categories=16,
+    emb_dim=8,
+)
+
+
+@pytest.fixture(scope="session")
+def artifact(tmp_path_factory, factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "m"
+    save_model(factory.model(SERVER_CFG, seed=3, version="v1"), path)
+    return path
+
+
+def body(user_id: str, user: UserFeatures, cands: Candidates) -> dict[str, Any]:
+    ev = user.events
+    return {
+        "user_id": user_id,
+        "events": {
+            "item_ids": ev.item_ids.tolist(),
+            "categories": ev.categories.tolist(),
+            "actions": ev.actions.tolist(),
+            "gaps": ev.gaps.tolist(),
+            "dense": ev.dense.tolist(),
+        },
+        "profile_ids": user.profile_ids.tolist(),
+        "context_ids": user.context_ids.tolist(),
+        "user_dense": user.dense.tolist(),
+        "candidates": {
+            "item_ids": cands.item_ids.tolist(),
+            "categories": cands.categories.tolist(),
+            "dense": cands.dense.tolist(),
+        },
+    }
+
+
+@pytest.fixture
+def make_client(artifact) -> Iterator[Callable[..., TestClient]]:
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        cfg = load_config({"model_dir": str(artifact), **overrides}, env={})
+        client = TestClient(create_app(cfg))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A real `kvrank serve` process on loopback."""
+
+    def __init__(
+        self, artifact: Path, workdir: Path, *args: str, env: dict[str, str] | None = None
+    ):
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"serve-{self.port}.log"
+        cmd = [
+            str(Path(sys.executable).parent / "kvrank"),
+            "serve",
+            "--model",
+            str(artifact),
+            "--port",
+            str(self.port),
+            *args,
+        ]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server did not become ready: {self.log.read_text()[-3000:]}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., ServerProcess]]:
+    servers: list[ServerProcess] = []
+
+    def spawn(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+        s = ServerProcess(artifact, tmp_path, *args, env=env)
+        servers.append(s)
+        return s
+
+    yield spawn
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def server_cfg() -> ModelConfig:
+    return SERVER_CFG
+
+
+@pytest.fixture(scope="session")
+def make_body() -> Callable[[str, UserFeatures, Candidates], dict[str, Any]]:
+    return body

@@ -1,0 +1,164 @@
+"""The scoring API as a caller sees it: correct scores in input order, cache outcomes,
+precise validation errors, admin endpoints and metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from kvrank.model.artifact import load_model
+
+
+@pytest.fixture
+def model(artifact):
+    return load_model(artifact)
+
+
+@pytest.fixture
+def request_for(factory, server_cfg, make_body):
+    def make(user_id: str = "u1", n: int = 10, c: int = 6, seed: int = 1):
+        user = factory.user(server_cfg, n, seed)
+        cands = factory.candidates(server_cfg, c, seed)
+        return user, cands, make_body(user_id, user, cands)
+
+    return make
+
+
+def test_scores_match_the_model_in_input_order_and_second_call_hits(
+    make_client, model, request_for
+) -> None:
+    client = make_client()
+    user, cands, req = request_for()
+    first = client.post("/v1/score", json=req)
+    assert first.status_code == 200, first.text
+    doc = first.json()
+    expected = model.forward_full(user, cands).sigmoid()
+    assert torch.allclose(torch.tensor(doc["scores"]), expected, atol=1e-5)
+    assert doc["cache"] == "miss" and doc["model_version"] == "v1"
+    assert {"hash", "l1", "encode", "score", "total"} <= set(doc["timings_ms"])
+    second = client.post("/v1/score", json=req).json()
+    assert second["cache"] == "l1" and second["scores"] == doc["scores"]
+    assert first.headers["x-request-id"] == doc["request_id"]
+
+
+def test_appended_events_are_computed_incrementally(
+    make_client, model, request_for, factory, server_cfg, make_body
+) -> None:
+    client = make_client()
+    user, cands, req = request_for(n=8)
+    assert client.post("/v1/score", json=req).json()["cache"] == "miss"
+    longer = user.with_events(user.events.cat(factory.events(server_cfg, 3, 77)))
+    doc = client.post("/v1/score", json=make_body("u1", longer, cands)).json()
+    assert doc["cache"] == "incremental" and "extend" in doc["timings_ms"]
+    expected = model.forward_full(longer, cands).sigmoid()
+    assert torch.allclose(torch.tensor(doc["scores"]), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "field"),
+    [
+        (lambda b: b["events"]["actions"].pop(), 422, "events.actions"),
+        (lambda b: b["candidates"]["categories"].append(1), 422, "candidates.categories"),
+        (lambda b: b["events"]["item_ids"].__setitem__(0, -5), 422, "events.item_ids.0"),
+        (lambda b: b["events"]["item_ids"].__setitem__(0, 2**64), 422, "events.item_ids.0"),
+        (lambda b: b["candidates"]["categories"].__setitem__(0, 999), 422, "candidates.categories"),
+        (
+            lambda b: b["candidates"].__setitem__("item_ids", list(range(1001))),
+            422,
+            "candidates.item_ids",
+        ),
+        (lambda b: b["events"]["dense"][0].append(1.0), 422, "events.dense[0]"),
+        (lambda b: b.__setitem__("user_id", "bad id!"), 422, "user_id"),
+        (lambda b: b.__setitem__("surprise", 1), 422, "surprise"),
+    ],
+    ids=[
+        "short-actions",
+        "long-categories",
+        "negative-id",
+        "overflow-id",
+        "category-range",
+        "too-many-candidates",
+        "dense-width",
+        "user-id-pattern",
+        "unknown-field",
+    ],
+)
+def test_bad_requests_name_the_field(make_client, request_for, mutate, status, field) -> None:
+    client = make_client()
+    _, _, req = request_for()
+    mutate(req)
+    resp = client.post("/v1/score", json=req)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["field"] == field
+    assert resp.json()["request_id"]
+
+
+def test_nan_is_rejected(make_client, request_for) -> None:
+    client = make_client()
+    _, _, req = request_for()
+    req["user_dense"][0] = float("nan")
+    resp = client.post(
+        "/v1/score", content=json.dumps(req), headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 422 and resp.json()["field"] == "user_dense.0"
+
+
+def test_oversized_body_is_413(make_client, request_for) -> None:
+    client = make_client(max_body_bytes=2048)
+    _, _, req = request_for(n=30, c=50)
+    resp = client.post("/v1/score", json=req)
+    assert resp.status_code == 413 and "max_body_bytes=2048" in resp.json()["error"]
+
+
+def test_internal_error_is_500_without_a_stack_trace(make_client, request_for) -> None:
+    client = make_client()
+    svc = client.app.state.kvrank.service
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals /etc/passwd")
+
+    svc.model.score = broken
+    _, _, req = request_for()
+    resp = client.post("/v1/score", json=req)
+    assert resp.status_code == 500
+    assert resp.json()["error"] == "internal error" and resp.json()["request_id"]
+    assert "secret" not in resp.text and "Traceback" not in resp.text
+
+
+def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
+    client = make_client(namespace="ns-a")
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+    _, _, req = request_for(user_id="alice")
+    client.post("/v1/score", json=req)
+    client.post("/v1/score", json=req)
+    text = client.get("/metrics").text
+    assert 'kvrank_requests_total{model_version="v1",namespace="ns-a",outcome="l1"} 1.0' in text
+    assert 'kvrank_user_encodes_total{kind="full",model_version="v1",namespace="ns-a"} 1.0' in text
+    assert "kvrank_request_interval_seconds_bucket" in text
+    assert "kvrank_cache_hit_ratio" in text and "kvrank_cache_ttl_seconds" in text
+    removed = client.post("/admin/invalidate/alice").json()
+    assert removed == {"user_id": "alice", "removed": 1}
+    assert client.post("/v1/score", json=req).json()["cache"] == "miss"
+    cfg = client.get("/admin/config").json()
+    assert cfg["namespace"] == "ns-a" and cfg["effective_ttl_seconds"] > 0
+
+
+def test_ttl_hot_reloads_from_the_config_file(make_client, tmp_path, monkeypatch) -> None:
+    import kvrank.server.app as app_module
+
+    monkeypatch.setattr(app_module, "CONFIG_POLL_S", 0.05)
+    path = tmp_path / "ranker.yaml"
+    path.write_text("ttl:\n  fixed_seconds: 42\n")
+    client = make_client(config_file=str(path))
+    assert client.get("/admin/config").json()["effective_ttl_seconds"] == 42
+    time.sleep(0.05)
+    path.write_text("ttl:\n  fixed_seconds: 17\n")
+    deadline = time.monotonic() + 5
+    while client.get("/admin/config").json()["effective_ttl_seconds"] != 17:
+        assert time.monotonic() < deadline, "TTL change was not picked up"
+        time.sleep(0.05)
+    assert "kvrank_cache_ttl_seconds" in client.get("/metrics").text

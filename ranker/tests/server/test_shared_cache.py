@@ -1,0 +1,114 @@
+"""Pods sharing L2: hits across processes, one encode under a stampede, corrupt entries
+and a Redis outage that never fails a request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+from kvrank.model.artifact import load_model
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def model(artifact):
+    return load_model(artifact)
+
+
+@pytest.fixture
+def flushed(redis_server):
+    redis_server.cli("flushall")
+    return redis_server
+
+
+def test_second_pod_hits_l2(make_client, flushed, factory, server_cfg, make_body) -> None:
+    pod_a = make_client(redis={"url": flushed.url}, namespace="shared")
+    pod_b = make_client(redis={"url": flushed.url}, namespace="shared")
+    user, cands = factory.user(server_cfg, 12, 5), factory.candidates(server_cfg, 4, 5)
+    req = make_body("bob", user, cands)
+    a = pod_a.post("/v1/score", json=req).json()
+    b = pod_b.post("/v1/score", json=req).json()
+    assert (a["cache"], b["cache"]) == ("miss", "l2")
+    assert a["scores"] == b["scores"]
+    assert pod_b.post("/v1/score", json=req).json()["cache"] == "l1"  # promoted
+
+
+def test_namespaces_do_not_share_entries(
+    make_client, flushed, factory, server_cfg, make_body
+) -> None:
+    stable = make_client(redis={"url": flushed.url}, namespace="stable")
+    canary = make_client(redis={"url": flushed.url}, namespace="canary")
+    req = make_body("carol", factory.user(server_cfg, 6, 2), factory.candidates(server_cfg, 3, 2))
+    assert stable.post("/v1/score", json=req).json()["cache"] == "miss"
+    assert canary.post("/v1/score", json=req).json()["cache"] == "miss"
+    keys = flushed.cli("keys", "kvrank:*").stdout.split()
+    assert {k.split(":")[1] for k in keys} == {"stable", "canary"}
+
+
+def test_corrupt_l2_entry_is_a_miss_with_correct_scores(
+    make_client, flushed, model, factory, server_cfg, make_body
+) -> None:
+    writer = make_client(redis={"url": flushed.url})
+    user, cands = factory.user(server_cfg, 9, 8), factory.candidates(server_cfg, 5, 8)
+    req = make_body("dave", user, cands)
+    writer.post("/v1/score", json=req)
+    (key,) = flushed.cli("keys", "kvrank:default:*").stdout.split()
+    flushed.cli("setrange", key, "200", "XXXXXXXX")  # flip payload bytes in place
+    reader = make_client(redis={"url": flushed.url})
+    doc = reader.post("/v1/score", json=req).json()
+    assert doc["cache"] == "miss"
+    expected = model.forward_full(user, cands).sigmoid()
+    assert torch.allclose(torch.tensor(doc["scores"]), expected, atol=1e-5)
+
+
+def test_redis_outage_fails_no_request_and_l2_resumes(
+    make_client, spawn_redis, factory, server_cfg, make_body
+) -> None:
+    redis = spawn_redis()
+    pod = make_client(redis={"url": redis.url, "op_timeout_ms": 50}, l1_bytes=0)
+    svc = pod.app.state.kvrank.service
+    svc.cache.l2.breaker.cooldown_s = 0.2
+    reqs = [
+        make_body(f"user{i}", factory.user(server_cfg, 5, i), factory.candidates(server_cfg, 3, i))
+        for i in range(10)
+    ]
+    statuses = []
+    for i in range(60):
+        if i == 20:
+            redis.stop()  # mid-load
+        if i == 40:
+            redis.start()
+            import time
+
+            time.sleep(0.3)
+        statuses.append(pod.post("/v1/score", json=reqs[i % 10]).status_code)
+    assert statuses == [200] * 60
+    outcomes = [pod.post("/v1/score", json=r).json()["cache"] for r in reqs]
+    assert "l2" in outcomes  # L2 hits resumed after the restart
+
+
+def test_stampede_across_two_processes_encodes_once(
+    spawn_server, flushed, factory, server_cfg, make_body
+) -> None:
+    args = ("--redis", flushed.url, "--namespace", "stampede")
+    env = {"KVRANK_LOCK_WAIT_MS": "500"}
+    pods = [spawn_server(*args, env=env), spawn_server(*args, env=env)]
+    req = make_body(
+        "hot-user", factory.user(server_cfg, 30, 3), factory.candidates(server_cfg, 8, 3)
+    )
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(
+                *[client.post(f"{pods[i % 2].url}/v1/score", json=req) for i in range(200)]
+            )
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [200] * 200
+    assert len({tuple(r.json()["scores"]) for r in responses}) == 1
+    encodes = sum(p.metric("kvrank_user_encodes_total", kind="full") for p in pods)
+    assert encodes == 1, f"{encodes} full encodes for one cold user"
