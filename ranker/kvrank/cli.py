@@ -51,14 +51,23 @@ def bench(
     model: Annotated[
         Path | None, typer.Option(help="Trained artifact for the INT8 AUC check.")
     ] = None,
+    l2: Annotated[
+        bool, typer.Option(help="Also time L2 round trips on a private redis-server.")
+    ] = True,
 ) -> None:
     """Measure nocache / miss / hit / int8 / incremental scoring side by side."""
+    import shutil
+    import tempfile
+
     from kvrank.bench.runner import run_bench
+    from kvrank.localstack import LocalStack
 
     counts = [int(c) for c in candidates.split(",")] if candidates else None
     if profile not in PROFILES:
         raise typer.BadParameter(f"profile must be one of {PROFILES}", param_hint="--profile")
-    run_bench(profile, device, counts, json_out, plot, model)
+    with LocalStack(Path(tempfile.mkdtemp(prefix="kvrank-bench-"))) as stack:
+        url = stack.start_redis() if l2 and shutil.which("redis-server") else None
+        run_bench(profile, device, counts, json_out, plot, model, url)
 
 
 @app.command()

@@ -35,7 +35,7 @@ class LoadProfile:
 
 PROFILES = {
     "smoke": LoadProfile(80, 4, WorkloadSettings(users=10, rate_qps=20.0, candidates=50)),
-    "quick": LoadProfile(600, 30, WorkloadSettings(users=60, rate_qps=15.0, candidates=100)),
+    "quick": LoadProfile(500, 30, WorkloadSettings(users=30, rate_qps=10.0, candidates=100)),
     "full": LoadProfile(5000, 100, WorkloadSettings(users=1000, rate_qps=60.0, candidates=100)),
 }
 

@@ -54,6 +54,12 @@ class Metrics:
             buckets=INTERVAL_BUCKETS,
             registry=r,
         )
+        self.interval_mean = Gauge(
+            "kvrank_user_interval_mean_seconds",
+            "Mean per-user request interval (each user weighted equally); 0 until measured",
+            labels,
+            registry=r,
+        )
         self.ttl = Gauge(
             "kvrank_cache_ttl_seconds", "TTL applied to new entries", labels, registry=r
         )

@@ -199,6 +199,7 @@ class RankingService:
     def refresh_gauges(self) -> None:
         m, lbl = self.metrics, self.metrics.lbl()
         m.ttl.labels(**lbl).set(self.ttl_s)
+        m.interval_mean.labels(**lbl).set(self.tracker.mean() or 0.0)
         m.l1_bytes.labels(**lbl).set(self.cache.l1.nbytes)
         m.l1_entries.labels(**lbl).set(len(self.cache.l1))
         ev = self.cache.l1.stats.evictions

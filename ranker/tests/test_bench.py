@@ -61,5 +61,9 @@ def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
     kv = report["kv_bytes_per_user"]
     assert kv["int8"] < kv["bf16"] < kv["fp32"] and kv["int8_compact"] < kv["int8"]
     assert report["drift"] and report["drift"][0]["increments"] == 1
+    rt = report["l2_round_trip"]
+    assert set(rt) == {"bf16", "int8_compact"}
+    assert rt["int8_compact"]["entry_bytes"] < rt["bf16"]["entry_bytes"]
+    assert rt["bf16"]["get_p50_ms"] > 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert "speed-up hit vs nocache" in proc.stdout

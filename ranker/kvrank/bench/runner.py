@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvrank.bench import flops
+from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.model.config import QUICK, SEED, ModelConfig
@@ -252,6 +253,7 @@ def run_bench(
     json_out: Path | None,
     plot: Path | None,
     model_dir: Path | None,
+    redis_url: str | None = None,
 ) -> dict[str, Any]:
     prof = PROFILES[profile]
     start = time.monotonic()
@@ -282,6 +284,7 @@ def run_bench(
         "kv_bytes_per_user": kv_bytes,
         "per_candidates": per_c,
         "drift": drift_table(model, world) if profile == "quick" else [],
+        "l2_round_trip": _l2(redis_url, model, compact, world),
         "elapsed_s": time.monotonic() - start,
     }
     _print(report)
@@ -291,6 +294,19 @@ def run_bench(
     if plot:
         _plot(report, plot)
     return report
+
+
+def _l2(
+    url: str | None, model: RankerModel, compact: RankerModel, world: SyntheticWorld
+) -> dict[str, Any]:
+    if url is None:
+        return {}
+    full_user = world.user(3, n_events=model.cfg.max_events).features
+    entries = {
+        "bf16": model.encode_user(full_user, kv_dtype="bf16"),
+        "int8_compact": compact.encode_user(full_user, kv_dtype="int8", layers="scoring"),
+    }
+    return l2_round_trip(url, entries)
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -321,6 +337,11 @@ def _print(r: dict[str, Any]) -> None:
     console.print(
         "KV bytes per user: " + ", ".join(f"{k} {v:,}" for k, v in r["kv_bytes_per_user"].items())
     )
+    for name, rt in r["l2_round_trip"].items():
+        console.print(
+            f"L2 round trip {name}: {rt['entry_bytes']:,} B, put p50 {rt['put_p50_ms']:.2f} ms,"
+            f" get p50 {rt['get_p50_ms']:.2f} ms, get p99 {rt['get_p99_ms']:.2f} ms"
+        )
     for row in r["drift"]:
         console.print(
             f"drift after {int(row['increments'])} sliding increments: max |Δlogit|"

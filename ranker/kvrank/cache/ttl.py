@@ -35,35 +35,47 @@ def clamp_ttl(mean_interval_s: float, s: TTLSettings) -> float:
 
 @dataclass
 class IntervalTracker:
-    """Per-user request intervals with bounded memory (oldest users forgotten first)."""
+    """Mean per-user request interval, with bounded memory (oldest users forgotten first).
+
+    Each user keeps an exponentially weighted mean of their own intervals; the tracker's
+    :meth:`mean` is the average of those per-user means, so a user who returns every few
+    minutes counts as much as one who refreshes every second — the TTL then serves the
+    typical user rather than the busiest few.
+    """
 
     max_users: int = 100_000
     min_samples: int = 20
-    decay: float = 0.999
-    """Per-sample decay of the running mean: it follows traffic over ~1000 intervals."""
+    alpha: float = 0.3
+    """Weight of a user's newest interval in their own running mean."""
     clock: Callable[[], float] = time.monotonic
-    _last: OrderedDict[str, float] = field(default_factory=OrderedDict)
-    _sum: float = 0.0
-    _weight: float = 0.0
+    _users: OrderedDict[str, tuple[float, float | None]] = field(default_factory=OrderedDict)
+    _sum_means: float = 0.0
+    _n_means: int = 0
     _count: int = 0
 
     def observe(self, user_id: str) -> float | None:
         """Record a request; returns the interval since this user's previous one."""
         now = self.clock()
-        prev = self._last.pop(user_id, None)
-        self._last[user_id] = now
-        if len(self._last) > self.max_users:
-            self._last.popitem(last=False)
-        if prev is None:
-            return None
-        interval = now - prev
-        self._sum = self._sum * self.decay + interval
-        self._weight = self._weight * self.decay + 1.0
-        self._count += 1
+        last, mean = self._users.pop(user_id, (None, None))
+        interval = None if last is None else now - last
+        if interval is not None:
+            new_mean = interval if mean is None else (1 - self.alpha) * mean + self.alpha * interval
+            self._sum_means += new_mean - (mean or 0.0)
+            self._n_means += mean is None
+            mean = new_mean
+            self._count += 1
+        self._users[user_id] = (now, mean)
+        if len(self._users) > self.max_users:
+            _, (_, old_mean) = self._users.popitem(last=False)
+            if old_mean is not None:
+                self._sum_means -= old_mean
+                self._n_means -= 1
         return interval
 
     def mean(self) -> float | None:
-        return self._sum / self._weight if self._count >= self.min_samples else None
+        if self._count < self.min_samples or self._n_means == 0:
+            return None
+        return self._sum_means / self._n_means
 
 
 def current_ttl(tracker: IntervalTracker, s: TTLSettings) -> float:

@@ -38,6 +38,9 @@ from kvrank.model.layers import (
 
 KVLayers = dict[int, tuple[Tensor, Tensor, Tensor]]  # layer -> (k, v, key_valid), batched
 
+FULL_CHUNK = 32
+"""Sequences per batch in the batched no-cache reference."""
+
 DEFAULT_REFRESH_EVERY = 50
 """Full re-encode after this many ``extend_user`` calls (see docs/benchmarks.md, drift)."""
 
@@ -155,10 +158,18 @@ class RankerModel(nn.Module):
             return torch.cat(
                 [self._full(x_seq, valid, x_ns, x_c[i : i + 1]) for i in range(len(candidates))]
             ).float()
-        c = len(candidates)
-        return self._full(
-            x_seq.expand(c, -1, -1), valid.expand(c, -1), x_ns.expand(c, -1, -1), x_c
-        ).float()
+        # at most FULL_CHUNK sequences at a time: the baseline's attention scores grow as
+        # C × N², which would not fit in memory at the brief's sizes
+        out = []
+        for i in range(0, len(candidates), FULL_CHUNK):
+            part = x_c[i : i + FULL_CHUNK]
+            c = part.shape[0]
+            out.append(
+                self._full(
+                    x_seq.expand(c, -1, -1), valid.expand(c, -1), x_ns.expand(c, -1, -1), part
+                )
+            )
+        return torch.cat(out).float()
 
     def check_kv(self, user_kv: UserKV) -> None:
         """Raise ``IncompatibleKVError`` unless ``user_kv`` came from this model."""

@@ -88,6 +88,28 @@ def test_ttl_formula_and_measured_intervals() -> None:
     assert current_ttl(tracker, TTLSettings(fixed_s=7)) == 7
 
 
+def test_interval_mean_weights_users_not_requests() -> None:
+    """A busy user refreshing every second must not shrink the TTL of everyone else."""
+    clock = Clock()
+    tracker = IntervalTracker(min_samples=1, clock=clock)
+    for t in range(0, 61):  # busy: every second for a minute
+        clock.now = float(t)
+        tracker.observe("busy")
+    for t in (0.0, 60.0):  # quiet: once a minute
+        clock.now = t
+        tracker.observe("quiet")
+    assert tracker.mean() == pytest.approx((1.0 + 60.0) / 2)
+
+
+def test_interval_tracker_memory_is_bounded() -> None:
+    clock = Clock()
+    tracker = IntervalTracker(max_users=10, min_samples=1, clock=clock)
+    for i in range(100):
+        clock.now = float(i)
+        tracker.observe(f"u{i % 50}")
+    assert len(tracker._users) == 10
+
+
 def test_breaker_opens_and_closes_by_itself() -> None:
     clock = Clock()
     b = CircuitBreaker(failure_threshold=2, cooldown_s=1.0, clock=clock)

@@ -141,3 +141,14 @@ def test_low_precision_compute_tracks_fp32(factory, tiny_cfg) -> None:
     cached = bf.score(bf.encode_user(user), cands)
     assert cached.dtype == torch.float32
     assert (cached - ref).abs().max().item() < 0.1
+
+
+def test_batched_reference_is_chunked_without_changing_scores(factory, tiny_cfg, monkeypatch):
+    import kvrank.model.ranker as ranker_module
+
+    model = factory.model(tiny_cfg)
+    user, cands = factory.user(tiny_cfg, 9, 3), factory.candidates(tiny_cfg, 5, 3)
+    whole = model.forward_full(user, cands)
+    monkeypatch.setattr(ranker_module, "FULL_CHUNK", 2)
+    chunked = model.forward_full(user, cands)
+    assert (whole - chunked).abs().max().item() <= FP32_TOL

@@ -1,0 +1,49 @@
+"""L2 round trip of one entry: write then read a ``UserKV`` through the Redis tier.
+
+Measures the wall time a pod pays to share K/V through Redis, for the entry sizes that
+matter (the seed model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from kvrank.cache.entry import encode_entry
+from kvrank.cache.redis_tier import RedisSettings, RedisTier
+from kvrank.model.kv import UserKV
+
+
+async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
+    tier = RedisTier(RedisSettings(url, op_timeout_s=10.0))
+    key = "kvrank:bench:v:u:h"
+    put_ms, get_ms = [], []
+    try:
+        for i in range(reps + 2):
+            t0 = time.perf_counter()
+            assert await tier.put(key, kv, ttl_s=60, jitter=0.0)
+            t1 = time.perf_counter()
+            got = await tier.get(key, kv.model_version, kv.fingerprint)
+            t2 = time.perf_counter()
+            assert got is not None
+            if i >= 2:  # warm-up
+                put_ms.append((t1 - t0) * 1e3)
+                get_ms.append((t2 - t1) * 1e3)
+        await tier.delete(key)
+    finally:
+        await tier.close()
+    return {
+        "entry_bytes": len(encode_entry(kv)),
+        "put_p50_ms": statistics.median(put_ms),
+        "get_p50_ms": statistics.median(get_ms),
+        "get_p99_ms": float(np.percentile(get_ms, 99)),
+        "reps": reps,
+    }
+
+
+def l2_round_trip(url: str, entries: dict[str, UserKV], reps: int = 20) -> dict[str, Any]:
+    return {name: asyncio.run(_round_trips(url, kv, reps)) for name, kv in entries.items()}
