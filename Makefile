@@ -14,8 +14,11 @@ PHASE := scripts/phase.sh
 
 CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
 
+IMAGE_TAG ?= 0.1.0
+HELM = $$(bash e2e/localkube/build.sh)/helm
+
 .PHONY: help venv services kube-bins lint test test-only demo bench bench-seed train \
-        cluster-up cluster-down clean
+        cluster-up cluster-down images helm-lint crd clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -69,6 +72,19 @@ cluster-up: venv kube-bins ## Start a local control plane (no Docker); prints ex
 
 cluster-down: ## Stop the control plane started by cluster-up
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
+
+images: ## Build the ranker and operator images (needs a Docker engine)
+	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
+	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
+	docker build -f images/ranker/Dockerfile -t ghcr.io/kvrank/ranker:$(IMAGE_TAG) .
+	docker build -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
+
+helm-lint: kube-bins ## helm lint the chart with every ci/ values file
+	@for f in charts/kvrank-operator/ci/*.yaml; do \
+	  $(HELM) lint --strict --kube-version 1.37.2 charts/kvrank-operator -f $$f || exit 1; done
+
+crd: venv ## Regenerate the chart's CRD from kvrank_operator.crd
+	$(VENV)/bin/kvrank-operator crd > charts/kvrank-operator/crds/rankerdeployments.yaml
 
 clean: ## Remove the venv and generated reports
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache

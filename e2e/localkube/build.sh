@@ -90,8 +90,11 @@ build_simple() {  # NAME MODULE VERSION PACKAGE [LDFLAGS]
 [[ -x "$BIN/etcd" ]] || build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 [[ -x "$BIN/kwok" ]] || build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
   "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+KUBE_MINOR="${KUBE_VERSION#v1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
 [[ -x "$BIN/helm" ]] || build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
-  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+   -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$KUBE_MINOR \
+   -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$KUBE_MINOR"
 have_all || build_kubernetes
 
 have_all || { echo "localkube-build: some binaries are missing in $BIN" >&2; exit 1; }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from kvrank_operator import __version__
@@ -14,14 +16,54 @@ app = typer.Typer(
 
 
 @app.command()
-def run() -> None:
-    """Run the operator against the current kubeconfig or in-cluster config."""
-    typer.secho(
-        "kvrank-operator run is not available in this build: the reconciler has not landed yet.",
-        fg=typer.colors.YELLOW,
-        err=True,
+def run(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="Kubeconfig (default: in-cluster, then ~/.kube/config).")
+    ] = None,
+    namespace: Annotated[
+        list[str] | None, typer.Option(help="Watch only these namespaces (repeatable).")
+    ] = None,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0: off).")] = 8000,
+    liveness_port: Annotated[int, typer.Option(help="Health endpoint port (0: off).")] = 8081,
+) -> None:
+    """Run the operator (cluster-wide unless --namespace is given)."""
+    import os
+
+    if kubeconfig:  # before the kubernetes client is imported: it reads this once
+        os.environ["KUBECONFIG"] = kubeconfig
+    import asyncio
+    import logging
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    from kvrank_operator import handlers
+
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
     )
-    raise typer.Exit(code=2)
+    handlers.KUBECONFIG = kubeconfig
+    if metrics_port:
+        start_http_server(metrics_port)
+    liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not namespace,
+            namespaces=namespace or [],
+            standalone=True,
+            liveness_endpoint=liveness,
+        )
+    )
+
+
+@app.command()
+def crd() -> None:
+    """Print the RankerDeployment CRD as YAML (the chart's crds/ file is generated from it)."""
+    import yaml
+
+    from kvrank_operator.crd import crd as build
+
+    typer.echo(yaml.safe_dump(build(), sort_keys=False), nl=False)
 
 
 @app.command()

@@ -1,5 +1,6 @@
-"""Cluster fixtures for tests that need Kubernetes: one control plane per test session.
+"""pytest fixtures for tests that need Kubernetes (registered from the root conftest).
 
+One control plane per test session, shared by the operator and end-to-end tests;
 ``KVRANK_CLUSTER`` picks the backend (``local`` by default; ``kind`` where Docker exists).
 When a test that used the cluster fails, the tail of every component's log is attached to
 the report, so a failure explains itself.
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from localkube import Cluster, cluster_from_env
 
 

@@ -1,0 +1,189 @@
+"""The ``RankerDeployment`` CustomResourceDefinition — the one source of truth.
+
+The chart's ``crds/rankerdeployments.yaml`` is generated from :func:`crd` (``kvrank-operator
+crd``) and a test keeps the two identical. The schema rejects what it can (required fields,
+enums, bounds, patterns); ``spec.py`` checks the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GROUP = "kvrank.io"
+VERSION = "v1alpha1"
+PLURAL = "rankerdeployments"
+KIND = "RankerDeployment"
+
+_NAME = {
+    "type": "string",
+    "pattern": r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$",
+    "description": "A model version: lower-case DNS label characters, at most 42.",
+}
+_QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"type": "object", "properties": props, **extra}
+    if required:
+        doc["required"] = required
+    return doc
+
+
+def _free(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": description,
+    }
+
+
+MODEL = _obj(
+    {
+        "version": _NAME,
+        "uri": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1024,
+            "description": "Artifact location: a path in a mounted volume or a URL.",
+        },
+        "image": {"type": "string", "minLength": 1, "maxLength": 512},
+        "replicas": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 2},
+        "resources": _free("Container resources, e.g. limits nvidia.com/gpu: 1."),
+        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+        "tolerations": {"type": "array", "items": _free("A toleration.")},
+        "affinity": _free("Pod affinity."),
+        "env": {
+            "type": "array",
+            "items": _obj({"name": {"type": "string"}, "value": {"type": "string"}}, ["name"]),
+        },
+    },
+    ["version", "uri"],
+)
+
+CANARY = _obj(
+    {
+        "version": _NAME,
+        "uri": {"type": "string", "minLength": 1, "maxLength": 1024},
+        "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": 10},
+        "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
+    },
+    ["version", "uri"],
+)
+
+REDIS = _obj(
+    {
+        "mode": {"type": "string", "enum": ["managed", "external"], "default": "managed"},
+        "shards": {"type": "integer", "minimum": 3, "maximum": 64, "default": 3},
+        "replicasPerShard": {"type": "integer", "minimum": 0, "maximum": 3, "default": 1},
+        "memory": {**_QUANTITY, "default": "1Gi"},
+        "image": {"type": "string", "default": "redis:7.2"},
+        "persistence": {"type": "boolean", "default": False},
+        "url": {"type": "string", "pattern": r"^rediss?://[^\s]+$"},
+        "cluster": {"type": "boolean", "default": False},
+        "passwordSecretRef": _obj(
+            {"name": {"type": "string"}, "key": {"type": "string"}}, ["name", "key"]
+        ),
+        "tls": {"type": "boolean", "default": False},
+    }
+)
+
+CACHE = _obj(
+    {
+        "l1Bytes": {"type": "integer", "minimum": 0, "default": 536870912},
+        "kvDtype": {"type": "string", "enum": ["fp32", "bf16", "fp16", "int8"], "default": "bf16"},
+        "redis": REDIS,
+        "retiredNamespaceGraceSeconds": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 604800,
+            "default": 300,
+        },
+    }
+)
+
+TTL = _obj(
+    {
+        "mode": {"type": "string", "enum": ["auto", "fixed"], "default": "auto"},
+        "fixedSeconds": {
+            "type": "number",
+            "exclusiveMinimum": True,
+            "minimum": 0,
+            "maximum": 86400,
+        },
+        "factor": {"type": "number", "minimum": 0.1, "maximum": 100, "default": 3},
+        "minSeconds": {"type": "number", "minimum": 0.1, "default": 1},
+        "maxSeconds": {"type": "number", "minimum": 1, "maximum": 86400, "default": 300},
+        "jitter": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.1},
+        "source": _obj(
+            {
+                "type": {"type": "string", "enum": ["pods", "prometheus"], "default": "pods"},
+                "prometheus": _obj(
+                    {"url": {"type": "string", "pattern": r"^https?://[^\s]+$"}}, ["url"]
+                ),
+            }
+        ),
+        "intervalSeconds": {"type": "integer", "minimum": 5, "maximum": 3600, "default": 30},
+    }
+)
+
+SERVICE = _obj(
+    {
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 8080},
+        "type": {
+            "type": "string",
+            "enum": ["ClusterIP", "NodePort", "LoadBalancer"],
+            "default": "ClusterIP",
+        },
+    }
+)
+
+SPEC = _obj(
+    {"model": MODEL, "canary": CANARY, "cache": CACHE, "ttl": TTL, "service": SERVICE}, ["model"]
+)
+
+STATUS = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": ".status.readyText"},
+    {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
+    {"name": "Canary", "type": "string", "jsonPath": ".spec.canary.version"},
+    {"name": "Weight", "type": "integer", "jsonPath": ".spec.canary.weight"},
+    {"name": "TTL", "type": "number", "jsonPath": ".status.ttl.seconds"},
+    {"name": "Hit-Ratio", "type": "number", "jsonPath": ".status.hitRatio"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": "rankerdeployment",
+                "kind": KIND,
+                "shortNames": ["rkd"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": _obj({"spec": SPEC, "status": STATUS}, ["spec"])},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.model.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": COLUMNS,
+                }
+            ],
+        },
+    }

@@ -1,0 +1,88 @@
+"""kopf wiring: which events trigger a reconcile, the timers, and error mapping.
+
+Thin by design: every handler calls :func:`reconcile.reconcile` (level-based) and copies its
+status and Events back. A ``SpecError`` never reaches kopf (it is a Degraded condition);
+API errors become ``TemporaryError`` so kopf retries with back-off.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import Counter, Histogram
+
+from kvrank_operator import crd
+from kvrank_operator.kube import Kube, load_client
+from kvrank_operator.reconcile import reconcile
+from kvrank_operator.sources import tune_ttl
+
+log = logging.getLogger("kvrank_operator")
+RECONCILES = Counter(
+    "kvrank_operator_reconciles", "Reconciles by trigger and result", ["trigger", "result"]
+)
+LATENCY = Histogram("kvrank_operator_reconcile_seconds", "Reconcile latency")
+RESYNC_S = 5.0
+"""Level-based resync: picks up pod readiness, grace periods and purge Jobs."""
+
+_kube: Kube | None = None
+KUBECONFIG: str | None = None
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        _kube = Kube(load_client(KUBECONFIG))
+    return _kube
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvrank.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kvrank.io", key="last-handled-configuration"
+    )
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.posting.level = logging.INFO
+
+
+def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
+    started = time.monotonic()
+    try:
+        outcome = reconcile(kube(), dict(body), dt.datetime.now(dt.UTC))
+    except ApiException as exc:
+        RECONCILES.labels(trigger, "error").inc()
+        raise kopf.TemporaryError(f"Kubernetes API: {exc.status} {exc.reason}", delay=5) from exc
+    finally:
+        LATENCY.observe(time.monotonic() - started)
+    RECONCILES.labels(trigger, "ok").inc()
+    patch.status.update(outcome.status)
+    for etype, reason, message in outcome.events:
+        (kopf.warn if etype == "Warning" else kopf.info)(body, reason=reason, message=message)
+
+
+@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
+def on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    _run("change", body, patch, logger)
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
+def resync(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    _run("timer", body, patch, logger)
+    tuned = tune_ttl(kube(), dict(body), dt.datetime.now(dt.UTC))
+    if tuned is not None:
+        patch.status["ttl"] = tuned
+        kopf.info(
+            body,
+            reason="TTLUpdated",
+            message=f"cache TTL now {tuned['seconds']}s"
+            f" (mean interval {tuned.get('meanIntervalSeconds')}s, {tuned['source']})",
+        )

@@ -1,0 +1,203 @@
+"""Typed view of a ``RankerDeployment`` spec, and the checks the schema cannot express.
+
+:func:`parse_spec` turns the (schema-validated, defaulted) ``spec`` dict into frozen
+dataclasses; semantic problems raise :class:`SpecError` naming the field. Pure: no API.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvrank_operator.errors import SpecError
+
+DEFAULT_IMAGE = "ghcr.io/kvrank/ranker:0.1.0"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    version: str
+    uri: str
+    image: str = DEFAULT_IMAGE
+    replicas: int = 2
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    env: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CanarySpec:
+    version: str
+    uri: str
+    weight: int = 10
+    replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class RedisSpec:
+    mode: Literal["managed", "external"] = "managed"
+    shards: int = 3
+    replicas_per_shard: int = 1
+    memory: str = "1Gi"
+    image: str = "redis:7.2"
+    persistence: bool = False
+    url: str | None = None
+    cluster: bool = False
+    password_secret: tuple[str, str] | None = None  # (name, key)
+    tls: bool = False
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    l1_bytes: int = 512 * 2**20
+    kv_dtype: str = "bf16"
+    redis: RedisSpec = field(default_factory=RedisSpec)
+    retired_grace_s: int = 300
+
+
+@dataclass(frozen=True)
+class TTLSpec:
+    mode: Literal["auto", "fixed"] = "auto"
+    fixed_s: float | None = None
+    factor: float = 3.0
+    min_s: float = 1.0
+    max_s: float = 300.0
+    jitter: float = 0.1
+    source: Literal["pods", "prometheus"] = "pods"
+    prometheus_url: str | None = None
+    interval_s: int = 30
+
+
+@dataclass(frozen=True)
+class RankerSpec:
+    model: ModelSpec
+    canary: CanarySpec | None
+    cache: CacheSpec
+    ttl: TTLSpec
+    port: int = 8080
+    service_type: str = "ClusterIP"
+
+    def versions(self) -> list[tuple[str, str]]:
+        """(version, role) of every live version, stable first."""
+        out = [(self.model.version, "stable")]
+        if self.canary is not None:
+            out.append((self.canary.version, "canary"))
+        return out
+
+    def replicas_of(self, role: str, total: int | None = None) -> int:
+        """Replica split: the canary gets ``weight`` % of the total unless set explicitly."""
+        stable = self.model.replicas if total is None else total
+        if self.canary is None:
+            return stable
+        if role == "canary":
+            if self.canary.replicas is not None:
+                return self.canary.replicas
+            return max(1, round(stable * self.canary.weight / 100)) if self.canary.weight else 0
+        return (
+            stable
+            if self.canary.replicas is not None
+            else max(1, stable - self.replicas_of("canary", stable))
+        )
+
+
+def namespace_for(version: str) -> str:
+    """The cache namespace of a model version (one per version, never shared)."""
+    return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
+
+
+def parse_spec(spec: dict[str, Any]) -> RankerSpec:
+    m = spec.get("model") or {}
+    model = ModelSpec(
+        version=_req(m, "version", "model"),
+        uri=_req(m, "uri", "model"),
+        image=m.get("image", DEFAULT_IMAGE),
+        replicas=int(m.get("replicas", 2)),
+        resources=m.get("resources") or {},
+        node_selector=m.get("nodeSelector") or {},
+        tolerations=m.get("tolerations") or [],
+        affinity=m.get("affinity") or {},
+        env=m.get("env") or [],
+    )
+    canary = None
+    if spec.get("canary"):
+        c = spec["canary"]
+        canary = CanarySpec(
+            _req(c, "version", "canary"),
+            _req(c, "uri", "canary"),
+            int(c.get("weight", 10)),
+            c.get("replicas"),
+        )
+        if canary.version == model.version:
+            raise SpecError(
+                "canary.version",
+                f"equals model.version ({model.version!r});"
+                " a canary must run a different model version",
+            )
+    cache = _cache(spec.get("cache") or {})
+    ttl = _ttl(spec.get("ttl") or {})
+    svc = spec.get("service") or {}
+    return RankerSpec(
+        model, canary, cache, ttl, int(svc.get("port", 8080)), svc.get("type", "ClusterIP")
+    )
+
+
+def _cache(c: dict[str, Any]) -> CacheSpec:
+    r = c.get("redis") or {}
+    mode = r.get("mode", "managed")
+    secret = r.get("passwordSecretRef")
+    redis = RedisSpec(
+        mode=mode,
+        shards=int(r.get("shards", 3)),
+        replicas_per_shard=int(r.get("replicasPerShard", 1)),
+        memory=str(r.get("memory", "1Gi")),
+        image=r.get("image", "redis:7.2"),
+        persistence=bool(r.get("persistence", False)),
+        url=r.get("url"),
+        cluster=bool(r.get("cluster", False)),
+        password_secret=(secret["name"], secret["key"]) if secret else None,
+        tls=bool(r.get("tls", False)),
+    )
+    if mode == "external" and not redis.url:
+        raise SpecError("cache.redis.url", "is required when cache.redis.mode is external")
+    if mode == "managed" and redis.url:
+        raise SpecError("cache.redis.url", "must be empty when cache.redis.mode is managed")
+    if redis.tls and redis.url and not redis.url.startswith("rediss://"):
+        raise SpecError("cache.redis.url", "must use rediss:// when cache.redis.tls is true")
+    return CacheSpec(
+        int(c.get("l1Bytes", 512 * 2**20)),
+        c.get("kvDtype", "bf16"),
+        redis,
+        int(c.get("retiredNamespaceGraceSeconds", 300)),
+    )
+
+
+def _ttl(t: dict[str, Any]) -> TTLSpec:
+    src = t.get("source") or {}
+    ttl = TTLSpec(
+        mode=t.get("mode", "auto"),
+        fixed_s=t.get("fixedSeconds"),
+        factor=float(t.get("factor", 3)),
+        min_s=float(t.get("minSeconds", 1)),
+        max_s=float(t.get("maxSeconds", 300)),
+        jitter=float(t.get("jitter", 0.1)),
+        source=src.get("type", "pods"),
+        prometheus_url=(src.get("prometheus") or {}).get("url"),
+        interval_s=int(t.get("intervalSeconds", 30)),
+    )
+    if ttl.mode == "fixed" and ttl.fixed_s is None:
+        raise SpecError("ttl.fixedSeconds", "is required when ttl.mode is fixed")
+    if ttl.min_s > ttl.max_s:
+        raise SpecError("ttl.minSeconds", f"{ttl.min_s} exceeds ttl.maxSeconds {ttl.max_s}")
+    if ttl.source == "prometheus" and not ttl.prometheus_url:
+        raise SpecError("ttl.source.prometheus.url", "is required when ttl.source is prometheus")
+    return ttl
+
+
+def _req(doc: dict[str, Any], key: str, parent: str) -> str:
+    value = doc.get(key)
+    if not value:
+        raise SpecError(f"{parent}.{key}", "is required")
+    return str(value)

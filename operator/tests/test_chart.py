@@ -1,0 +1,87 @@
+"""The Helm chart: lint-clean, renders least-privilege RBAC, and ships the CRD generated
+from the operator's single source of truth."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvrank_operator.crd import crd
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kvrank-operator"
+KUBE_VERSION = "1.37.2"  # the local control plane's version
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    from localkube.local import binaries
+
+    return subprocess.run(
+        [str(binaries() / "helm"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/kvrank-helm-cache"},
+    )
+
+
+def render(*args: str) -> list[dict]:
+    out = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--namespace",
+        "kvrank-system",
+        "--kube-version",
+        KUBE_VERSION,
+        *args,
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_crd_file_is_generated_from_the_source_of_truth() -> None:
+    assert yaml.safe_load((CHART / "crds" / "rankerdeployments.yaml").read_text()) == crd()
+
+
+@pytest.mark.parametrize("values", sorted(p.name for p in (CHART / "ci").glob("*.yaml")))
+def test_lint_is_clean(values: str) -> None:
+    out = helm(
+        "lint",
+        str(CHART),
+        "--strict",
+        "--kube-version",
+        KUBE_VERSION,
+        "-f",
+        str(CHART / "ci" / values),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_schema_rejects_unknown_values() -> None:
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", "surprise=1")
+    assert out.returncode != 0 and "surprise" in out.stderr
+
+
+def test_rbac_is_least_privilege() -> None:
+    role = next(d for d in render() if d["kind"] == "ClusterRole")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules[(("kvrank.io",), ("rankerdeployments",))] == {"get", "list", "watch", "patch"}
+    assert rules[(("",), ("pods",))] == {"get", "list"}
+    everything = {v for verbs in rules.values() for v in verbs}
+    assert "*" not in everything and "escalate" not in everything and "bind" not in everything
+    assert all("*" not in r["resources"] for r in role["rules"])
+
+
+def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:
+    docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == "kvrank-operator-sa"
+    assert "--namespace=ranking" in pod["containers"][0]["args"]
+    assert "helm.sh/chart" not in dep["spec"]["selector"]["matchLabels"]

@@ -1,0 +1,276 @@
+"""The operator against a real API server, with exactly the RBAC the chart grants.
+
+Installs the chart's CRD, ServiceAccount and ClusterRole, runs ``kvrank-operator run`` as a
+local process with that ServiceAccount's token, and drives RankerDeployments through
+create, canary, promotion, abort, invalid specs and deletion (pods are kwok-simulated)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kvrank-operator"
+NS = "rk-test"
+
+
+OPERATOR_LOG: list[Path] = []
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.5)
+    tail = "\n".join(OPERATOR_LOG[0].read_text().splitlines()[-40:]) if OPERATOR_LOG else ""
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}\n--- operator log ---\n{tail}"
+    )
+
+
+@pytest.fixture(scope="module")
+def operator_process(cluster, tmp_path_factory) -> Iterator[subprocess.Popen[bytes]]:
+    rendered = cluster.helm(
+        "template",
+        "kvrank",
+        str(CHART),
+        "--namespace",
+        "kvrank-system",
+        "--include-crds",
+        "--kube-version",
+        "1.37.2",
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Deployment"]
+    cluster.kubectl("create", "namespace", "kvrank-system", check=False)
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/rankerdeployments.kvrank.io"
+    )
+    cluster.kubectl("create", "namespace", NS, check=False)
+    kubeconfig = cluster.service_account_kubeconfig("kvrank-system", "kvrank-kvrank-operator")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "kvrank-operator"),
+                "run",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--metrics-port",
+                "0",
+                "--liveness-port",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
+    OPERATOR_LOG[:] = [log]
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def get(cluster, kind: str, name: str, ns: str = NS) -> dict | None:
+    out = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def apply(cluster, doc: dict, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(doc), check=check)
+
+
+def rkd(name: str, spec: dict) -> dict:
+    return {
+        "apiVersion": "kvrank.io/v1alpha1",
+        "kind": "RankerDeployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+def condition(obj: dict | None, ctype: str) -> dict | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions", []):
+        if c["type"] == ctype:
+            return c
+    return None
+
+
+def ready(cluster, name: str) -> bool:
+    c = condition(get(cluster, "rkd", name), "Ready")
+    return bool(c and c["status"] == "True")
+
+
+def namespaces(cluster, name: str) -> dict[str, str]:
+    st = (get(cluster, "rkd", name) or {}).get("status") or {}
+    return {e["namespace"]: e["state"] for e in st.get("cacheNamespaces", [])}
+
+
+def test_basic_example_creates_owned_objects_and_becomes_ready(cluster, operator_process):
+    doc = yaml.safe_load((ROOT / "examples" / "basic.yaml").read_text())
+    apply(cluster, doc)
+    wait_for(lambda: ready(cluster, "feed-ranker"), "feed-ranker Ready", 120)
+    uid = get(cluster, "rkd", "feed-ranker")["metadata"]["uid"]
+    for kind, name in [
+        ("deployment", "feed-ranker-v1"),
+        ("service", "feed-ranker"),
+        ("service", "feed-ranker-v1"),
+        ("configmap", "feed-ranker-config"),
+        ("pdb", "feed-ranker"),
+        ("statefulset", "feed-ranker-redis"),
+        ("secret", "feed-ranker-redis-auth"),
+        ("job", "feed-ranker-redis-bootstrap"),
+        ("networkpolicy", "feed-ranker-redis"),
+    ]:
+        obj = get(cluster, kind, name)
+        assert obj is not None, f"{kind}/{name} missing"
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid, f"{kind}/{name} not owned"
+    dep = get(cluster, "deployment", "feed-ranker-v1")
+    assert dep["status"]["readyReplicas"] == 2
+    status = get(cluster, "rkd", "feed-ranker")["status"]
+    assert condition(get(cluster, "rkd", "feed-ranker"), "CacheReady")["status"] == "True"
+    assert status["cacheNamespaces"][0]["namespace"] == "v-v1"
+    table = cluster.kubectl("get", "rkd", "-n", NS).stdout
+    for column in ("READY", "VERSION", "CANARY", "WEIGHT", "TTL", "HIT-RATIO", "AGE"):
+        assert column in table
+    assert "2/2" in table
+
+
+def test_canary_promote_and_abort(cluster, operator_process):
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 4},
+        "cache": {
+            "redis": {"mode": "external", "url": "redis://redis.example:6379"},
+            "retiredNamespaceGraceSeconds": 2,
+        },
+    }
+    apply(cluster, rkd("promo", spec))
+    wait_for(lambda: ready(cluster, "promo"), "promo Ready")
+    spec["canary"] = {"version": "v2", "uri": "/m/v2", "weight": 25}
+    apply(cluster, rkd("promo", spec))
+    wait_for(
+        lambda: namespaces(cluster, "promo") == {"v-v1": "active", "v-v2": "active"},
+        "two active namespaces",
+    )
+    wait_for(lambda: ready(cluster, "promo"), "promo Ready with canary")
+    assert get(cluster, "deployment", "promo-v1")["spec"]["replicas"] == 3
+    assert get(cluster, "deployment", "promo-v2")["spec"]["replicas"] == 1
+    assert condition(get(cluster, "rkd", "promo"), "CanaryReady")["status"] == "True"
+    # promote: v2 becomes stable, v1's namespace is retired then purged by a Job
+    spec["model"].update(version="v2", uri="/m/v2")
+    del spec["canary"]
+    apply(cluster, rkd("promo", spec))
+    wait_for(
+        lambda: namespaces(cluster, "promo").get("v-v1") in ("retired", "purging", "purged"),
+        "v1 retired",
+    )
+    wait_for(lambda: namespaces(cluster, "promo").get("v-v1") == "purged", "v1 purged")
+    wait_for(lambda: get(cluster, "deployment", "promo-v1") is None, "v1 Deployment removed")
+    assert get(cluster, "deployment", "promo-v2")["spec"]["replicas"] == 4
+    jobs = json.loads(
+        cluster.kubectl(
+            "get", "jobs", "-n", NS, "-l", "kvrank.io/cache-namespace=v-v1", "-o", "json"
+        ).stdout
+    )
+    args = jobs["items"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["cache", "purge", "--namespace", "v-v1"]
+    # abort: a canary removed without promotion is purged at once
+    spec["canary"] = {"version": "v3", "uri": "/m/v3", "weight": 50}
+    apply(cluster, rkd("promo", spec))
+    wait_for(lambda: namespaces(cluster, "promo").get("v-v3") == "active", "v3 active")
+    del spec["canary"]
+    apply(cluster, rkd("promo", spec))
+    wait_for(lambda: namespaces(cluster, "promo").get("v-v3") == "purged", "v3 purged")
+    assert namespaces(cluster, "promo")["v-v2"] == "active"
+    wait_for(lambda: ready(cluster, "promo"), "promo Ready after abort")
+
+
+def test_invalid_specs_are_rejected_or_reported_and_nothing_is_deleted(cluster, operator_process):
+    bad = apply(
+        cluster,
+        rkd(
+            "bad",
+            {
+                "model": {"version": "v1", "uri": "/m"},
+                "canary": {"version": "v2", "uri": "/m2", "weight": 150},
+            },
+        ),
+        check=False,
+    )
+    assert bad.returncode != 0 and "spec.canary.weight" in bad.stderr
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 1},
+        "cache": {"redis": {"mode": "external", "url": "redis://r:6379"}},
+    }
+    apply(cluster, rkd("semantic", spec))
+    wait_for(lambda: ready(cluster, "semantic"), "semantic Ready")
+    spec["canary"] = {"version": "v1", "uri": "/m/other"}
+    apply(cluster, rkd("semantic", spec))
+
+    def degraded() -> dict | None:
+        c = condition(get(cluster, "rkd", "semantic"), "Degraded")
+        return c if c and c["status"] == "True" else None
+
+    c = wait_for(degraded, "Degraded condition")
+    assert "spec.canary.version" in c["message"] and "equals model.version" in c["message"]
+    assert get(cluster, "deployment", "semantic-v1") is not None
+    events = cluster.kubectl(
+        "get", "events", "-n", NS, "--field-selector", "involvedObject.name=semantic", "-o", "json"
+    ).stdout
+    assert "InvalidSpec" in events
+
+
+def test_scale_subresource_drives_replicas(cluster, operator_process):
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 1},
+        "cache": {"redis": {"mode": "external", "url": "redis://r:6379"}},
+    }
+    apply(cluster, rkd("scaled", spec))
+    wait_for(lambda: ready(cluster, "scaled"), "scaled Ready")
+    cluster.kubectl("scale", "rkd/scaled", "-n", NS, "--replicas=3")
+    wait_for(
+        lambda: (
+            (get(cluster, "deployment", "scaled-v1") or {}).get("spec", {}).get("replicas") == 3
+        ),
+        "Deployment scaled to 3",
+    )
+    scale = json.loads(
+        cluster.kubectl(
+            "get",
+            "--raw",
+            f"/apis/kvrank.io/v1alpha1/namespaces/{NS}/rankerdeployments/scaled/scale",
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 3
+
+
+def test_delete_removes_everything(cluster, operator_process):
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 1},
+        "cache": {"redis": {"mode": "external", "url": "redis://r:6379"}},
+    }
+    apply(cluster, rkd("gone", spec))
+    wait_for(lambda: ready(cluster, "gone"), "gone Ready")
+    cluster.kubectl("delete", "rkd", "gone", "-n", NS)
+    wait_for(
+        lambda: (
+            get(cluster, "deployment", "gone-v1") is None
+            and get(cluster, "configmap", "gone-config") is None
+            and get(cluster, "service", "gone") is None
+        ),
+        "owned objects garbage-collected",
+    )

@@ -1,0 +1,133 @@
+"""Spec parsing and the pure manifest builders: what the operator will ask the API for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvrank_operator import manifests as m
+from kvrank_operator.errors import SpecError
+from kvrank_operator.spec import namespace_for, parse_spec
+from kvrank_operator.ttl import next_ttl, parse_interval_means, target_ttl
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name: str) -> dict:
+    return yaml.safe_load((EXAMPLES / name).read_text())["spec"]
+
+
+def test_examples_parse() -> None:
+    basic = parse_spec(example("basic.yaml"))
+    assert basic.model.version == "v1" and basic.canary is None
+    assert basic.cache.redis.mode == "managed" and basic.cache.redis.shards == 3
+    canary = parse_spec(example("canary.yaml"))
+    assert [v for v, _ in canary.versions()] == ["v1", "v2"]
+    ext = parse_spec(example("external-redis.yaml"))
+    assert ext.cache.redis.password_secret == ("feed-redis", "password")
+    assert ext.ttl.mode == "fixed" and ext.ttl.fixed_s == 120
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"canary": {"version": "v1", "uri": "/m"}}, "canary.version"),
+        ({"cache": {"redis": {"mode": "external"}}}, "cache.redis.url"),
+        ({"cache": {"redis": {"mode": "managed", "url": "redis://x:1"}}}, "cache.redis.url"),
+        ({"ttl": {"mode": "fixed"}}, "ttl.fixedSeconds"),
+        ({"ttl": {"minSeconds": 500, "maxSeconds": 300}}, "ttl.minSeconds"),
+        (
+            {"cache": {"redis": {"mode": "external", "url": "redis://x:1", "tls": True}}},
+            "cache.redis.url",
+        ),
+    ],
+)
+def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
+    spec = {"model": {"version": "v1", "uri": "/m"}, **patch}
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    assert info.value.field == field and f"spec.{field}" in str(info.value)
+
+
+def test_canary_replica_split_by_weight() -> None:
+    spec = parse_spec(example("canary.yaml"))  # 5 replicas, weight 20
+    assert spec.replicas_of("canary") == 1 and spec.replicas_of("stable") == 4
+    explicit = parse_spec(
+        {
+            **example("canary.yaml"),
+            "canary": {"version": "v2", "uri": "/m2", "weight": 50, "replicas": 3},
+        }
+    )
+    assert explicit.replicas_of("canary") == 3 and explicit.replicas_of("stable") == 5
+
+
+def test_deployment_carries_version_namespace_probes_and_gpu() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    dep = m.deployment(spec, "feed", "prod", "v1", "/models/v1", 2, "stable")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KVRANK_NAMESPACE"] == namespace_for("v1") == "v-v1"
+    assert env["KVRANK_MODEL_DIR"] == "/models/v1"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert "kvrank.io/role" not in dep["spec"]["template"]["metadata"]["labels"]
+
+
+def test_ranker_config_matches_the_server_schema() -> None:
+    from kvrank.server.config import ServerConfig  # the file pods read must validate
+
+    spec = parse_spec(example("basic.yaml"))
+    doc = yaml.safe_load(m.ranker_config(spec, "feed", "prod", ttl_s=42.0))
+    cfg = ServerConfig.model_validate(doc)
+    assert cfg.ttl.fixed_seconds == 42.0 and cfg.redis.cluster is True
+    assert cfg.redis.url == "redis://feed-redis-0.feed-redis-headless.prod.svc:6379"
+
+
+def test_managed_redis_objects() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    objs = {o["kind"]: o for o in m.managed_redis(spec, "feed", "prod", "s3cret")}
+    assert objs["StatefulSet"]["spec"]["replicas"] == 6  # 3 shards × (1 + 1 replica)
+    assert objs["Secret"]["stringData"]["password"] == "s3cret"
+    script = objs["Job"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "cluster_slots_assigned:16384" in script and "refusing to re-create" in script
+    assert "--cluster-replicas 1" in script
+    allowed = [
+        f.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+        for f in objs["NetworkPolicy"]["spec"]["ingress"][0]["from"]
+    ]
+    assert "ranker" in allowed and "redis" in allowed
+    assert objs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+def test_purge_job_runs_kvrank_cache_purge() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    job = m.purge_job(spec, "feed", "prod", "v-v1")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["cache", "purge", "--namespace", "v-v1"] and "--cluster" in args
+
+
+def test_ttl_policy_with_hysteresis() -> None:
+    spec = parse_spec({"model": {"version": "v1", "uri": "/m"}}).ttl
+    assert target_ttl(10, spec) == 30 and target_ttl(1000, spec) == 300
+    assert next_ttl(None, 10, spec) == 30
+    assert next_ttl(30, 10.5, spec) is None  # 31.5 is within 10 %
+    assert next_ttl(30, 20, spec) == 60
+    assert next_ttl(30, None, spec) is None
+    text = (
+        'kvrank_user_interval_mean_seconds{model_version="v1",namespace="a"} 4.0\n'
+        'kvrank_user_interval_mean_seconds{model_version="v1",namespace="b"} 0.0\n'
+    )
+    assert parse_interval_means(text) == [4.0]
+
+
+def test_stdlib_operator_is_not_shadowed_by_the_operator_folder() -> None:
+    import operator
+
+    assert operator.attrgetter("real")(3) == 3
