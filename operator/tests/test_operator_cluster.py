@@ -274,3 +274,139 @@ def test_delete_removes_everything(cluster, operator_process):
         ),
         "owned objects garbage-collected",
     )
+
+
+def test_ttl_converges_from_a_real_rankers_metrics_via_prometheus(
+    cluster, operator_process, tmp_path
+):
+    """A real `kvrank serve` sees users return every ~1.5 s; a real Prometheus scrapes it;
+    the operator must publish clamp(mean × 3, min, max) in status.ttl and the ConfigMap."""
+    import asyncio
+    import shutil
+    import socket
+
+    import httpx
+
+    from kvrank.model.artifact import save_model
+    from kvrank.model.config import ModelConfig
+    from kvrank.model.ranker import RankerModel
+    from kvrank.workload import Workload, WorkloadSettings
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    cfg = ModelConfig(
+        d_model=16,
+        n_heads=2,
+        n_layers=1,
+        max_events=8,
+        ns_tokens=1,
+        cand_tokens=2,
+        emb_dim=4,
+        item_buckets=100,
+        profile_buckets=50,
+    )
+    save_model(RankerModel(cfg, "v1"), tmp_path / "model")
+    ranker_port, prom_port = port(), port()
+    procs = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "kvrank"),
+                "serve",
+                "--model",
+                str(tmp_path / "model"),
+                "--port",
+                str(ranker_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+    ]
+    (tmp_path / "prom.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s"},
+                "scrape_configs": [
+                    {
+                        "job_name": "ranker",
+                        "static_configs": [{"targets": [f"127.0.0.1:{ranker_port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    procs.append(
+        subprocess.Popen(
+            [
+                shutil.which("prometheus") or "prometheus",
+                f"--config.file={tmp_path / 'prom.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+    )
+    try:
+        url = f"http://127.0.0.1:{ranker_port}"
+        wait_for(
+            lambda: httpx.get(f"{url}/readyz", timeout=1).status_code == 200 if _up(url) else False,
+            "ranker ready",
+            60,
+        )
+        bodies = [
+            r.body for r in Workload(cfg, WorkloadSettings(users=4, candidates=3)).requests(8)
+        ]
+
+        async def drive() -> None:  # 4 users, each returning every 1.5 s
+            async with httpx.AsyncClient(timeout=10) as client:
+                for _ in range(8):
+                    for i in range(4):
+                        body = {**bodies[i], "user_id": f"u{i}"}
+                        assert (await client.post(f"{url}/v1/score", json=body)).status_code == 200
+                    await asyncio.sleep(1.5)
+
+        asyncio.run(drive())
+        spec = {
+            "model": {"version": "v1", "uri": "/m/v1", "replicas": 1},
+            "cache": {"redis": {"mode": "external", "url": "redis://r:6379"}},
+            "ttl": {
+                "mode": "auto",
+                "factor": 3,
+                "minSeconds": 1,
+                "maxSeconds": 300,
+                "intervalSeconds": 5,
+                "source": {
+                    "type": "prometheus",
+                    "prometheus": {"url": f"http://127.0.0.1:{prom_port}"},
+                },
+            },
+        }
+        apply(cluster, rkd("tuned", spec))
+
+        def ttl() -> dict | None:
+            return ((get(cluster, "rkd", "tuned") or {}).get("status") or {}).get("ttl")
+
+        status_ttl = wait_for(ttl, "status.ttl published", 120)
+        assert status_ttl["source"] == "prometheus"
+        assert status_ttl["meanIntervalSeconds"] == pytest.approx(1.5, rel=0.25)
+        assert status_ttl["seconds"] == pytest.approx(4.5, rel=0.25)
+        cm = get(cluster, "configmap", "tuned-config")
+        ranker_cfg = yaml.safe_load(cm["data"]["ranker.yaml"])
+        assert ranker_cfg["ttl"]["fixed_seconds"] == status_ttl["seconds"]
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=20)
+
+
+def _up(url: str) -> bool:
+    import httpx
+
+    try:
+        httpx.get(f"{url}/healthz", timeout=1)
+        return True
+    except httpx.HTTPError:
+        return False
