@@ -7,20 +7,19 @@ helm are taken from ``PATH``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from localkube.tools import ClusterTools
 
 KIND_CONFIG = Path(__file__).resolve().parent.parent / "kind-config.yaml"
 
 
 @dataclass
-class KindCluster:
+class KindCluster(ClusterTools):
     workdir: Path
     name: str = field(default_factory=lambda: f"kvrank-{uuid.uuid4().hex[:6]}")
 
@@ -61,47 +60,6 @@ class KindCluster:
 
     def load_image(self, image: str) -> None:
         subprocess.run(["kind", "load", "docker-image", image, "--name", self.name], check=True)
-
-    def kubectl(
-        self,
-        *args: str,
-        kubeconfig: Path | None = None,
-        check: bool = True,
-        input: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            ["kubectl", f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=120,
-            check=False,
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-        return out
-
-    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        out = subprocess.run(
-            ["helm", *args], capture_output=True, text=True, env=env, timeout=600, check=False
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} failed: {out.stderr.strip()}")
-        return out
-
-    def service_account_kubeconfig(self, namespace: str, name: str, duration_s: int = 3600) -> Path:
-        token = self.kubectl(
-            "create", "token", name, "-n", namespace, f"--duration={duration_s}s"
-        ).stdout.strip()
-        doc = yaml.safe_load(self.kubeconfig.read_text())
-        user = f"{namespace}-{name}"
-        doc["users"] = [{"name": user, "user": {"token": token}}]
-        for ctx in doc["contexts"]:
-            ctx["context"]["user"] = user
-        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        path.write_text(yaml.safe_dump(doc))
-        return path
 
     def logs(self, lines: int = 30) -> str:
         out = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)

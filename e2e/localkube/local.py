@@ -22,6 +22,7 @@ import yaml
 
 from localkube import pki
 from localkube.processes import Supervisor, free_port, tail
+from localkube.tools import ClusterTools
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
@@ -59,7 +60,7 @@ def kubeconfig_doc(server: str, ca: Path, user: dict[str, str], name: str) -> di
 
 
 @dataclass
-class LocalCluster:
+class LocalCluster(ClusterTools):
     """Start with :meth:`start`, stop with :meth:`stop`; ``kubeconfig`` is the admin's."""
 
     workdir: Path
@@ -67,6 +68,8 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.bin = binaries()
+        self.kubectl_bin = str(self.bin / "kubectl")
+        self.helm_bin = str(self.bin / "helm")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
@@ -103,53 +106,6 @@ class LocalCluster:
         return "\n".join(parts)
 
     # ------------------------------------------------------------------ helpers
-    def kubectl(
-        self,
-        *args: str,
-        kubeconfig: Path | None = None,
-        check: bool = True,
-        input: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, input=input, timeout=120, check=False
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-        return out
-
-    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "HELM_CACHE_HOME": str(self.workdir / "helm/cache"),
-            "HELM_CONFIG_HOME": str(self.workdir / "helm/config"),
-            "HELM_DATA_HOME": str(self.workdir / "helm/data"),
-        }
-        out = subprocess.run(
-            [str(self.bin / "helm"), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} failed: {out.stderr.strip()}")
-        return out
-
-    def service_account_kubeconfig(self, namespace: str, name: str, duration_s: int = 3600) -> Path:
-        """Mint a token for ``namespace/name`` (TokenRequest) and write a kubeconfig for it."""
-        token = self.kubectl(
-            "create", "token", name, "-n", namespace, f"--duration={duration_s}s"
-        ).stdout.strip()
-        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        doc = kubeconfig_doc(
-            self.server, self.pki_dir / "ca.crt", {"token": token}, f"{namespace}-{name}"
-        )
-        path.write_text(yaml.safe_dump(doc))
-        return path
-
     # ------------------------------------------------------------------ internals
     def _client_kubeconfig(self, name: str, pair: pki.KeyPair) -> Path:
         path = self.workdir / f"{name}.kubeconfig"

@@ -21,6 +21,7 @@ from kvrank.model.config import ModelConfig
 from kvrank.model.inputs import Candidates, UserFeatures
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
+from kvrank.workload import request_body
 
 SERVER_CFG = ModelConfig(
     d_model=32,
@@ -43,26 +44,7 @@ def artifact(tmp_path_factory, factory) -> Path:
     return path
 
 
-def body(user_id: str, user: UserFeatures, cands: Candidates) -> dict[str, Any]:
-    ev = user.events
-    return {
-        "user_id": user_id,
-        "events": {
-            "item_ids": ev.item_ids.tolist(),
-            "categories": ev.categories.tolist(),
-            "actions": ev.actions.tolist(),
-            "gaps": ev.gaps.tolist(),
-            "dense": ev.dense.tolist(),
-        },
-        "profile_ids": user.profile_ids.tolist(),
-        "context_ids": user.context_ids.tolist(),
-        "user_dense": user.dense.tolist(),
-        "candidates": {
-            "item_ids": cands.item_ids.tolist(),
-            "categories": cands.categories.tolist(),
-            "dense": cands.dense.tolist(),
-        },
-    }
+body = request_body
 
 
 @pytest.fixture
