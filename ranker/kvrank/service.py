@@ -44,6 +44,10 @@ class ServiceSettings:
     """A crashed lock holder blocks others for at most this long."""
     refresh_every: int = DEFAULT_REFRESH_EVERY
     ttl: TTLSettings = field(default_factory=TTLSettings)
+    microbatch_ms: float = 0.0
+    """> 0: collect concurrent requests for up to this long and score them in one pass
+    (pays off on GPUs; off by default)."""
+    microbatch_max: int = 32
     cache_mode: Literal["kv", "full"] = "kv"
     """``full`` serves without any K/V cache: C full forwards per request (the baseline)."""
 
@@ -74,6 +78,11 @@ class RankingService:
         self.flight: SingleFlight[_Resolved] = SingleFlight()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrank-model")
         self.fingerprint = model.cfg.fingerprint()
+        self.batcher = (
+            MicroBatcher(self, settings.microbatch_ms / 1e3, settings.microbatch_max)
+            if settings.microbatch_ms > 0
+            else None
+        )
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -112,7 +121,10 @@ class RankingService:
                 key.to_string(), lambda: self._resolve(key, user, chain, timings)
             )
         t = time.perf_counter()
-        logits = await self.run_model(self.model.score, resolved.kv, cands)
+        if self.batcher is not None:
+            logits = await self.batcher.score(resolved.kv, cands)
+        else:
+            logits = await self.run_model(self.model.score, resolved.kv, cands)
         timings["score"] = _ms(t)
         timings["total"] = _ms(start)
         for stage, ms in timings.items():
@@ -209,6 +221,50 @@ class RankingService:
             m.redis_errors.labels(**lbl).inc(self.cache.l2.stats.errors)
             self.cache.l2.stats.errors = 0
             m.circuit.labels(**lbl).set(1.0 if self.cache.l2.breaker.state == "open" else 0.0)
+
+
+class MicroBatcher:
+    """Collects concurrent ``score`` calls for a short window and runs them as one batch."""
+
+    def __init__(self, service: RankingService, window_s: float, max_batch: int) -> None:
+        self.service = service
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self._pending: list[tuple[UserKV, Candidates, asyncio.Future[Tensor]]] = []
+        self._flush: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    async def score(self, kv: UserKV, cands: Candidates) -> Tensor:
+        fut: asyncio.Future[Tensor] = asyncio.get_running_loop().create_future()
+        self._pending.append((kv, cands, fut))
+        if len(self._pending) >= self.max_batch:
+            await self._run()
+        elif self._flush is None:
+            self._flush = asyncio.create_task(self._after_window())
+        return await fut
+
+    async def _after_window(self) -> None:
+        await asyncio.sleep(self.window_s)
+        self._flush = None
+        await self._run()
+
+    async def _run(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        self.batches += 1
+        try:
+            results = await self.service.run_model(
+                self.service.model.score_many, [(kv, c) for kv, c, _ in batch]
+            )
+        except Exception as exc:
+            for *_, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, _, fut), logits in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(logits)
 
 
 def _ms(start: float) -> float:

@@ -144,6 +144,38 @@ class RankerModel(nn.Module):
         return self._score(layers, x_c)[0].float()
 
     @torch.no_grad()
+    def score_many(self, requests: list[tuple[UserKV, Candidates]]) -> list[Tensor]:
+        """Score several users' requests in one batched pass (micro-batching on GPUs).
+
+        User K/V have one shape per model, so they stack; candidate lists are padded to the
+        longest by repeating their last candidate, and the padding's scores are dropped.
+        Every candidate only attends to its own user and itself, so results equal
+        :meth:`score` per request.
+        """
+        for kv, cands in requests:
+            self.check_kv(kv)
+            cands.validate(self.cfg)
+        layers: KVLayers = {}
+        for layer in self._candidate_layer_ids():
+            ks, vs, valids = [], [], []
+            for kv, _ in requests:
+                k, v = kv.layers[layer].dequantize(self.dtype)
+                ks.append(k.to(self.device))
+                vs.append(v.to(self.device))
+                valids.append(self._key_valid(layer, kv.length))
+            layers[layer] = (torch.stack(ks), torch.stack(vs), torch.cat(valids))
+        c_max = max(len(c) for _, c in requests)
+        x_c = torch.stack([self._padded_candidates(c, c_max) for _, c in requests])
+        logits = self._score(layers, x_c).float()
+        return [logits[i, : len(c)] for i, (_, c) in enumerate(requests)]
+
+    def _padded_candidates(self, cands: Candidates, length: int) -> Tensor:
+        x = self.embed.candidates(*self._cand_tensors(cands))
+        if x.shape[0] == length:
+            return x
+        return torch.cat([x, x[-1:].expand(length - x.shape[0], -1, -1)])
+
+    @torch.no_grad()
     def forward_full(
         self, user: UserFeatures, candidates: Candidates, batched: bool = True
     ) -> Tensor:

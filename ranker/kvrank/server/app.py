@@ -79,6 +79,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
         refresh_every=cfg.refresh_every,
         ttl=ttl_settings(cfg.ttl),
         cache_mode=cfg.cache_mode,
+        microbatch_ms=cfg.microbatch_ms,
     )
     return RankingService(model, cache, settings, Metrics(model.version, cfg.namespace))
 

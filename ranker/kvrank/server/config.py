@@ -50,6 +50,7 @@ class ServerConfig(BaseModel):
         "kv", description="kv: cached K/V; full: no cache, C full forwards per request."
     )
     lock_wait_ms: float = Field(10.0, ge=0, le=1000)
+    microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
     refresh_every: int = Field(50, ge=1)
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
     host: str = "127.0.0.1"

@@ -152,3 +152,15 @@ def test_batched_reference_is_chunked_without_changing_scores(factory, tiny_cfg,
     monkeypatch.setattr(ranker_module, "FULL_CHUNK", 2)
     chunked = model.forward_full(user, cands)
     assert (whole - chunked).abs().max().item() <= FP32_TOL
+
+
+def test_score_many_equals_per_request_scores(factory, tiny_cfg) -> None:
+    model = factory.model(tiny_cfg)
+    reqs = [
+        (model.encode_user(factory.user(tiny_cfg, n, n)), factory.candidates(tiny_cfg, c, n))
+        for n, c in ((3, 5), (20, 2), (11, 7))
+    ]
+    batched = model.score_many(reqs)
+    for (kv, cands), got in zip(reqs, batched, strict=True):
+        assert got.shape == (len(cands),)
+        assert (got - model.score(kv, cands)).abs().max().item() <= FP32_TOL

@@ -162,3 +162,43 @@ def test_ttl_hot_reloads_from_the_config_file(make_client, tmp_path, monkeypatch
         assert time.monotonic() < deadline, "TTL change was not picked up"
         time.sleep(0.05)
     assert "kvrank_cache_ttl_seconds" in client.get("/metrics").text
+
+
+def test_microbatching_groups_concurrent_requests_with_identical_scores(
+    artifact, factory, server_cfg, make_body
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from kvrank.server.app import create_app
+    from kvrank.server.config import load_config
+
+    bodies = [
+        make_body(
+            f"mb{i}", factory.user(server_cfg, 5 + i, i), factory.candidates(server_cfg, 2 + i, i)
+        )
+        for i in range(8)
+    ]
+
+    async def run(microbatch_ms: float) -> tuple[list[list[float]], int]:
+        app = create_app(
+            load_config({"model_dir": str(artifact), "microbatch_ms": microbatch_ms}, env={})
+        )
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                for b in bodies:  # warm the cache: the timed round is all L1 hits
+                    await c.post("/v1/score", json=b)
+                resps = await asyncio.gather(*[c.post("/v1/score", json=b) for b in bodies])
+            svc = app.state.kvrank.service
+            batches = svc.batcher.batches if svc.batcher else 0
+        assert all(r.status_code == 200 for r in resps)
+        return [r.json()["scores"] for r in resps], batches
+
+    plain, _ = asyncio.run(run(0.0))
+    batched, n_batches = asyncio.run(run(20.0))
+    assert n_batches < 2 * len(bodies)  # concurrent requests shared passes
+    for a, b in zip(plain, batched, strict=True):
+        assert len(a) == len(b)
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
