@@ -132,7 +132,7 @@ def serve(
         host=cfg.host,
         port=cfg.port,
         log_level="warning",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
     )
 
 

@@ -53,6 +53,12 @@ class ServerConfig(BaseModel):
     microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
     refresh_every: int = Field(50, ge=1)
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
+    shutdown_grace_s: float = Field(
+        25.0,
+        ge=0,
+        le=600,
+        description="Drain in-flight requests this long on SIGTERM (below the pod's 30 s).",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     config_file: str | None = None

@@ -112,3 +112,30 @@ def test_stampede_across_two_processes_encodes_once(
     assert len({tuple(r.json()["scores"]) for r in responses}) == 1
     encodes = sum(p.metric("kvrank_user_encodes_total", kind="full") for p in pods)
     assert encodes == 1, f"{encodes} full encodes for one cold user"
+
+
+def test_graceful_shutdown_drains_in_flight_requests(
+    spawn_server, factory, server_cfg, make_body
+) -> None:
+    import signal
+    import threading
+    import time
+
+    pod = spawn_server("--no-cache")  # C full forwards: a request that takes a while
+    req = make_body("slow", factory.user(server_cfg, 30, 4), factory.candidates(server_cfg, 150, 4))
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            result["status"] = httpx.post(f"{pod.url}/v1/score", json=req, timeout=60).status_code
+        except httpx.HTTPError as exc:
+            result["error"] = repr(exc)
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.3)  # the request is being served
+    pod.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=60)
+    assert result.get("status") == 200, result
+    # uvicorn re-raises the signal once drained: a clean exit by SIGTERM
+    assert pod.proc.wait(timeout=30) in (0, -signal.SIGTERM)
