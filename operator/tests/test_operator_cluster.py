@@ -40,8 +40,27 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     )
 
 
+def start_operator(kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "kvrank-operator"),
+                "run",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--metrics-port",
+                "0",
+                "--liveness-port",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
+
+
 @pytest.fixture(scope="module")
-def operator_process(cluster, tmp_path_factory) -> Iterator[subprocess.Popen[bytes]]:
+def operator_process(cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
     rendered = cluster.helm(
         "template",
         "kvrank",
@@ -63,26 +82,11 @@ def operator_process(cluster, tmp_path_factory) -> Iterator[subprocess.Popen[byt
     cluster.kubectl("create", "namespace", NS, check=False)
     kubeconfig = cluster.service_account_kubeconfig("kvrank-system", "kvrank-kvrank-operator")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "kvrank-operator"),
-                "run",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--metrics-port",
-                "0",
-                "--liveness-port",
-                "0",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ},
-        )
+    state = {"proc": start_operator(kubeconfig, log), "kubeconfig": kubeconfig, "log": log}
     OPERATOR_LOG[:] = [log]
-    yield proc
-    proc.terminate()
-    proc.wait(timeout=30)
+    yield state
+    state["proc"].terminate()
+    state["proc"].wait(timeout=30)
 
 
 def get(cluster, kind: str, name: str, ns: str = NS) -> dict | None:
@@ -256,6 +260,33 @@ def test_scale_subresource_drives_replicas(cluster, operator_process):
         ).stdout
     )
     assert scale["spec"]["replicas"] == 3
+
+
+def test_operator_killed_mid_rollout_converges_after_restart(cluster, operator_process):
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 2},
+        "cache": {
+            "redis": {"mode": "external", "url": "redis://r:6379"},
+            "retiredNamespaceGraceSeconds": 1,
+        },
+    }
+    apply(cluster, rkd("restart", spec))
+    wait_for(lambda: ready(cluster, "restart"), "restart Ready")
+    operator_process["proc"].kill()  # no chance to clean up
+    operator_process["proc"].wait(timeout=30)
+    spec["canary"] = {"version": "v2", "uri": "/m/v2", "weight": 50}
+    apply(cluster, rkd("restart", spec))
+    time.sleep(2)
+    assert get(cluster, "deployment", "restart-v2") is None  # nobody reconciled meanwhile
+    operator_process["proc"] = start_operator(
+        operator_process["kubeconfig"], operator_process["log"]
+    )
+    wait_for(
+        lambda: namespaces(cluster, "restart") == {"v-v1": "active", "v-v2": "active"},
+        "canary picked up after restart",
+    )
+    wait_for(lambda: ready(cluster, "restart"), "restart Ready after restart")
+    assert get(cluster, "deployment", "restart-v2")["spec"]["replicas"] == 1
 
 
 def test_delete_removes_everything(cluster, operator_process):
