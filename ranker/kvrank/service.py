@@ -149,6 +149,8 @@ class RankingService:
         kv = await self.cache.get_l2(key)
         timings["l2"] = _ms(t)
         if kv is not None:
+            if self.cache.l2 is not None:
+                timings["serde"] = self.cache.l2.last_decode_s * 1e3
             self._lookup("l2", "hit")
             self.cache.l1.put(key.to_string(), kv, ttl)
             return _Resolved(kv, "l2")

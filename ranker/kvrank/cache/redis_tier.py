@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -83,6 +84,7 @@ class RedisTier:
 
     def __post_init__(self) -> None:
         self.client = make_client(self.settings)
+        self.last_decode_s = 0.0  # time the latest get spent validating/deserialising
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -107,8 +109,10 @@ class RedisTier:
         if data is None:
             self.stats.misses += 1
             return None
+        started = time.perf_counter()
         try:
             kv = decode_entry(data, model_version, fingerprint, device)
+            self.last_decode_s = time.perf_counter() - started
         except CorruptEntryError:
             self.stats.corrupt += 1
             self.stats.misses += 1

@@ -33,6 +33,8 @@ def test_second_pod_hits_l2(make_client, flushed, factory, server_cfg, make_body
     a = pod_a.post("/v1/score", json=req).json()
     b = pod_b.post("/v1/score", json=req).json()
     assert (a["cache"], b["cache"]) == ("miss", "l2")
+    assert 0 < b["timings_ms"]["serde"] <= b["timings_ms"]["l2"]
+    assert 'stage="serde"' in pod_b.get("/metrics").text
     assert a["scores"] == b["scores"]
     assert pod_b.post("/v1/score", json=req).json()["cache"] == "l1"  # promoted
 
