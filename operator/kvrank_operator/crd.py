@@ -56,6 +56,16 @@ MODEL = _obj(
             "type": "array",
             "items": _obj({"name": {"type": "string"}, "value": {"type": "string"}}, ["name"]),
         },
+        "volume": _free(
+            "Volume source with the model artifacts (e.g. persistentVolumeClaim), mounted"
+            " read-only at /models; uri is then a path under /models."
+        ),
+        "externalReplicas": {
+            "type": "boolean",
+            "default": False,
+            "description": "An HPA/KEDA scales the Deployments directly: the operator leaves"
+            " their replicas alone.",
+        },
     },
     ["version", "uri"],
 )

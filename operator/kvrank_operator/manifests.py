@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from kvrank_operator.spec import RankerSpec, namespace_for
+from kvrank_operator.spec import MODELS_MOUNT, RankerSpec, namespace_for
 
 NAME = "kvrank-ranker"
 CONFIG_MOUNT = "/etc/kvrank"
@@ -119,6 +119,9 @@ def deployment(
         {"name": "config", "configMap": {"name": f"{instance}-config"}}
     ]
     mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    if spec.model.volume:
+        volumes.append({"name": "models", **spec.model.volume})
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
     secret = password_secret(spec, instance)
     if secret:
         volumes.append(

@@ -94,7 +94,9 @@ def reconcile(kube: Kube, body: dict[str, Any], now: dt.datetime) -> Outcome:
         )
     }
     live = dict(spec.versions())
-    stable_ready = _ready(deps.get(spec.model.version), spec.replicas_of("stable"))
+    stable_ready = _ready(
+        deps.get(spec.model.version), _want(spec, deps, spec.model.version, "stable")
+    )
     for version, dep in deps.items():
         if version not in live and stable_ready:
             kube.delete("apps/v1", "Deployment", ns, dep["metadata"]["name"])
@@ -157,10 +159,20 @@ def _apply_objects(
                 kube.apply(obj, owner)
     for version, role in spec.versions():
         uri = spec.model.uri if role == "stable" else spec.canary.uri  # type: ignore[union-attr]
-        kube.apply(m.deployment(spec, name, ns, version, uri, spec.replicas_of(role), role), owner)
+        dep = m.deployment(spec, name, ns, version, uri, spec.replicas_of(role), role)
+        if spec.model.external_replicas:
+            dep["spec"].pop("replicas")  # the autoscaler's field: never claim it
+        kube.apply(dep, owner)
     for svc in m.services(spec, name, ns):
         kube.apply(svc, owner)
     kube.apply(m.pod_disruption_budget(name, ns), owner)
+
+
+def _want(spec: RankerSpec, deps: dict[Any, dict[str, Any]], version: str, role: str) -> int:
+    """Desired replicas: from the spec, or from the Deployment when an autoscaler owns it."""
+    if spec.model.external_replicas:
+        return int(((deps.get(version) or {}).get("spec") or {}).get("replicas") or 1)
+    return spec.replicas_of(role)
 
 
 def _ready(dep: dict[str, Any] | None, want: int) -> bool:
@@ -262,7 +274,7 @@ def _status(
     versions: list[dict[str, Any]] = []
     all_ready = True
     for version, role in live.items():
-        want = spec.replicas_of(role)
+        want = _want(spec, deps, version, role)
         st = (deps.get(version) or {}).get("status") or {}
         ready = st.get("ready_replicas") or st.get("readyReplicas") or 0
         ok = _ready(deps.get(version), want)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from kvrank_operator.errors import SpecError
 
 DEFAULT_IMAGE = "ghcr.io/kvrank/ranker:0.1.0"
+MODELS_MOUNT = "/models"
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class ModelSpec:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] = field(default_factory=dict)
     env: list[dict[str, str]] = field(default_factory=list)
+    volume: dict[str, Any] = field(default_factory=dict)
+    """A Kubernetes volume source holding the artifacts, mounted read-only at /models."""
+    external_replicas: bool = False
+    """An autoscaler owns the Deployments' replicas: the operator never sets them."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,15 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         tolerations=m.get("tolerations") or [],
         affinity=m.get("affinity") or {},
         env=m.get("env") or [],
+        volume=m.get("volume") or {},
+        external_replicas=bool(m.get("externalReplicas", False)),
     )
+    if model.volume and not model.uri.startswith(MODELS_MOUNT + "/"):
+        raise SpecError(
+            "model.uri",
+            f"must be a path under {MODELS_MOUNT}/ when model.volume"
+            " is set (the volume is mounted there)",
+        )
     canary = None
     if spec.get("canary"):
         c = spec["canary"]

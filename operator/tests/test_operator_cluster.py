@@ -441,3 +441,19 @@ def _up(url: str) -> bool:
         return True
     except httpx.HTTPError:
         return False
+
+
+def test_autoscaler_owned_replicas_are_left_alone(cluster, operator_process):
+    spec = {
+        "model": {"version": "v1", "uri": "/m/v1", "replicas": 1, "externalReplicas": True},
+        "cache": {"redis": {"mode": "external", "url": "redis://r:6379"}},
+    }
+    apply(cluster, rkd("hpa", spec))
+    wait_for(lambda: get(cluster, "deployment", "hpa-v1"), "hpa-v1 created")
+    # what an HPA does: scale the Deployment itself
+    cluster.kubectl("scale", "deployment/hpa-v1", "-n", NS, "--replicas=3")
+    wait_for(lambda: ready(cluster, "hpa"), "hpa Ready at the autoscaler's 3 replicas")
+    time.sleep(6)  # at least one resync
+    assert get(cluster, "deployment", "hpa-v1")["spec"]["replicas"] == 3
+    versions = get(cluster, "rkd", "hpa")["status"]["versions"]
+    assert versions[0]["replicas"] == 3 and versions[0]["readyReplicas"] == 3

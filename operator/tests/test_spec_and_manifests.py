@@ -131,3 +131,24 @@ def test_stdlib_operator_is_not_shadowed_by_the_operator_folder() -> None:
     import operator
 
     assert operator.attrgetter("real")(3) == 3
+
+
+def test_model_volume_is_mounted_read_only_under_models() -> None:
+    spec = parse_spec(
+        {
+            "model": {
+                "version": "v1",
+                "uri": "/models/feed/v1",
+                "volume": {"persistentVolumeClaim": {"claimName": "models"}},
+            }
+        }
+    )
+    pod = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")["spec"]["template"][
+        "spec"
+    ]
+    vol = next(v for v in pod["volumes"] if v["name"] == "models")
+    assert vol["persistentVolumeClaim"] == {"claimName": "models"}
+    mount = next(x for x in pod["containers"][0]["volumeMounts"] if x["name"] == "models")
+    assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
+    with pytest.raises(SpecError, match=r"model\.uri"):
+        parse_spec({"model": {"version": "v1", "uri": "/elsewhere/v1", "volume": {"emptyDir": {}}}})
