@@ -102,6 +102,7 @@ def serve(
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
     import uvicorn
+    from pydantic import ValidationError
 
     from kvrank.server.app import create_app
     from kvrank.server.config import load_config
@@ -118,7 +119,11 @@ def serve(
     }
     if redis:
         overrides["redis"] = {"url": redis, "cluster": redis_cluster}
-    cfg = load_config(overrides)
+    try:
+        cfg = load_config(overrides)
+    except (ValidationError, ValueError, OSError) as exc:
+        typer.secho(f"kvrank serve: invalid configuration: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
     if not (Path(cfg.model_dir) / "config.json").is_file():
         typer.secho(
             f"kvrank serve: no model artifact at {cfg.model_dir} (config.json missing);"

@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from torch import Tensor
 
 from kvrank.cache.keys import CacheKey, sequence_chain
+from kvrank.cache.redis_tier import HELD
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
 from kvrank.cache.tiered import TieredCache
 from kvrank.cache.ttl import IntervalTracker, TTLSettings, current_ttl
@@ -186,7 +187,7 @@ class RankingService:
         token = None
         if l2 is not None:
             token = await l2.acquire(key.lock_key(), self.settings.lock_ttl_s)
-            if token is None:  # another pod is encoding this user right now
+            if token == HELD:  # another pod is encoding this user right now
                 self.metrics.flight.labels(**self.metrics.lbl(), event="remote_wait").inc()
                 peer = await wait_for_peer(
                     lambda: self.cache.get_l2(key), self.settings.lock_wait_s
@@ -196,6 +197,8 @@ class RankingService:
                     self.cache.l1.put(key.to_string(), peer, ttl)
                     return _Resolved(peer, "l2")
                 self.metrics.flight.labels(**self.metrics.lbl(), event="remote_timeout").inc()
+            if token == HELD:
+                token = None
         try:
             t = time.perf_counter()
             kv: UserKV = await self.run_model(self.model.encode_user, user, self.settings.kv_dtype)
@@ -216,6 +219,8 @@ class RankingService:
         m.interval_mean.labels(**lbl).set(self.tracker.mean() or 0.0)
         m.l1_bytes.labels(**lbl).set(self.cache.l1.nbytes)
         m.l1_entries.labels(**lbl).set(len(self.cache.l1))
+        m.flight.labels(**lbl, event="shared").inc(self.flight.stats.shared)
+        self.flight.stats.shared = 0
         ev = self.cache.l1.stats.evictions
         m.l1_evictions.labels(**lbl).inc(ev)
         self.cache.l1.stats.evictions = 0

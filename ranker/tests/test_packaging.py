@@ -52,3 +52,19 @@ def test_serve_without_an_artifact_says_what_is_missing(tmp_path) -> None:
     out = run(str(BIN / "kvrank"), "serve", "--model", str(tmp_path / "nope"))
     assert out.returncode == 2
     assert "no model artifact" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_with_an_out_of_range_setting_names_it(tmp_path) -> None:
+    import os
+
+    env = {**os.environ, "KVRANK_LOCK_WAIT_MS": "5000"}
+    out = subprocess.run(
+        [str(BIN / "kvrank"), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert out.returncode == 2
+    assert "lock_wait_ms" in out.stderr and "1000" in out.stderr

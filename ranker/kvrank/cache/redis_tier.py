@@ -9,6 +9,7 @@ with jitter so that entries written together do not expire together.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import secrets
 import time
@@ -27,6 +28,9 @@ from kvrank.errors import CorruptEntryError
 from kvrank.model.kv import UserKV
 
 T = TypeVar("T")
+log = logging.getLogger("kvrank.cache.redis")
+HELD = "held"
+"""What :meth:`RedisTier.acquire` returns when another process holds the lock."""
 
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -95,9 +99,13 @@ class RedisTier:
             return None
         try:
             result = await asyncio.wait_for(op(), timeout or self.settings.op_timeout_s)
-        except (RedisError, OSError, TimeoutError):
+        except (RedisError, OSError, TimeoutError) as exc:
             self.stats.errors += 1
+            was_open = self.breaker.state == "open"
             self.breaker.failure()
+            log.warning("redis operation failed (%s): %r", self.breaker.state, exc)
+            if not was_open and self.breaker.state == "open":
+                log.warning("L2 circuit opened after %d failures", self.breaker.failure_threshold)
             return None
         self.breaker.success()
         return result
@@ -143,12 +151,26 @@ class RedisTier:
         return n
 
     async def acquire(self, lock_key: str, ttl_s: float) -> str | None:
-        """Try to take a lock that expires by itself; returns the token on success."""
+        """Try to take a lock that expires by itself.
+
+        Returns the token on success, ``HELD`` when another holder has it, and ``None``
+        when Redis could not answer (then nobody can be waited for: compute at once).
+        """
         token = secrets.token_hex(8)
+        errors = self.stats.errors + self.stats.refused
         ok = await self._call(
             lambda: self.client.set(lock_key, token, nx=True, px=max(1, int(ttl_s * 1000)))
         )
-        return token if ok else None
+        if ok:
+            return token
+        if self.stats.errors + self.stats.refused == errors:
+            return HELD
+        # The SET timed out or failed: it may still have landed. Ask who holds the lock.
+        holder = await self._call(lambda: self.client.get(lock_key))
+        if holder is None:
+            return None
+        holder = holder.decode() if isinstance(holder, bytes) else str(holder)
+        return token if holder == token else HELD
 
     async def release(self, lock_key: str, token: str) -> None:
         await self._call(lambda: self.client.eval(_RELEASE, 1, lock_key, token))

@@ -79,6 +79,12 @@ ENV_FIELDS = {
     "HOST": ("host",),
     "PORT": ("port",),
     "CONFIG_FILE": ("config_file",),
+    "REDIS_OP_TIMEOUT_MS": ("redis", "op_timeout_ms"),
+    "LOCK_WAIT_MS": ("lock_wait_ms",),
+    "REFRESH_EVERY": ("refresh_every",),
+    "CACHE_MODE": ("cache_mode",),
+    "MICROBATCH_MS": ("microbatch_ms",),
+    "SHUTDOWN_GRACE_S": ("shutdown_grace_s",),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from kvrank.cache.entry import encode_entry
 from kvrank.cache.keys import CacheKey
-from kvrank.cache.redis_tier import RedisSettings, RedisTier, purge_namespace
+from kvrank.cache.redis_tier import HELD, RedisSettings, RedisTier, purge_namespace
 
 pytestmark = pytest.mark.redis
 
@@ -114,12 +114,22 @@ async def test_purge_removes_one_namespace_on_every_cluster_master(
 
 async def test_lock_is_exclusive_and_expires(tier) -> None:
     token = await tier.acquire("kvrank-lock:x", ttl_s=0.2)
-    assert token is not None
-    assert await tier.acquire("kvrank-lock:x", ttl_s=0.2) is None
+    assert token not in (None, HELD)
+    assert await tier.acquire("kvrank-lock:x", ttl_s=0.2) == HELD
     await asyncio.sleep(0.25)  # holder "crashed": the lock frees itself
     second = await tier.acquire("kvrank-lock:x", ttl_s=5)
-    assert second is not None
+    assert second not in (None, HELD)
     await tier.release("kvrank-lock:x", token)  # a stale token must not free it
-    assert await tier.acquire("kvrank-lock:x", ttl_s=5) is None
+    assert await tier.acquire("kvrank-lock:x", ttl_s=5) == HELD
     await tier.release("kvrank-lock:x", second)
-    assert await tier.acquire("kvrank-lock:x", ttl_s=5) is not None
+    assert await tier.acquire("kvrank-lock:x", ttl_s=5) not in (None, HELD)
+
+
+async def test_lock_on_a_dead_redis_says_unavailable_not_held(spawn_redis) -> None:
+    server = spawn_redis()
+    tier = RedisTier(RedisSettings(server.url, op_timeout_s=0.05))
+    server.stop()
+    try:
+        assert await tier.acquire("kvrank-lock:y", ttl_s=1) is None  # compute, don't wait
+    finally:
+        await tier.close()

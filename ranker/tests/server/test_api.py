@@ -202,3 +202,29 @@ def test_microbatching_groups_concurrent_requests_with_identical_scores(
     for a, b in zip(plain, batched, strict=True):
         assert len(a) == len(b)
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+
+
+def test_every_documented_environment_variable_is_read() -> None:
+    import re
+    from pathlib import Path
+
+    from kvrank.server.config import load_config
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    documented = set(re.findall(r"`(KVRANK_[A-Z0-9_]+)`", readme)) - {
+        "KVRANK_REDIS_PASSWORD",
+        "KVRANK_CLUSTER",
+    }
+    samples = {
+        "KVRANK_REDIS_CLUSTER": "true",
+        "KVRANK_KV_DTYPE": "int8",
+        "KVRANK_CACHE_MODE": "full",
+        "KVRANK_CONFIG_FILE": "",
+    }
+    default = load_config({}, env={}).model_dump()
+    for name in sorted(documented):
+        value = samples.get(name, "7")
+        if name == "KVRANK_CONFIG_FILE":
+            continue  # covered by the hot-reload test
+        changed = load_config({}, env={name: value}).model_dump()
+        assert changed != default, f"{name} is documented but has no effect"
