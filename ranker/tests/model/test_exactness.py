@@ -164,3 +164,14 @@ def test_score_many_equals_per_request_scores(factory, tiny_cfg) -> None:
     for (kv, cands), got in zip(reqs, batched, strict=True):
         assert got.shape == (len(cands),)
         assert (got - model.score(kv, cands)).abs().max().item() <= FP32_TOL
+
+
+def test_chunked_scoring_equals_one_pass(factory, tiny_cfg, monkeypatch) -> None:
+    import kvrank.model.ranker as ranker_module
+
+    model = factory.model(tiny_cfg)
+    kv = model.encode_user(factory.user(tiny_cfg, 9, 3))
+    cands = factory.candidates(tiny_cfg, 7, 3)
+    whole = model.score(kv, cands)
+    monkeypatch.setattr(ranker_module, "SCORE_CHUNK", 3)
+    assert (model.score(kv, cands) - whole).abs().max().item() <= FP32_TOL
