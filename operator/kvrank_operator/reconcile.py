@@ -180,10 +180,9 @@ def _ready(dep: dict[str, Any] | None, want: int) -> bool:
         return False
     st = dep.get("status") or {}
     return (
-        st.get("observed_generation", st.get("observedGeneration", 0))
-        >= dep["metadata"].get("generation", 0)
-        and (st.get("ready_replicas") or st.get("readyReplicas") or 0) >= want
-        and (st.get("updated_replicas") or st.get("updatedReplicas") or 0) >= want
+        st.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
+        and (st.get("readyReplicas") or 0) >= want
+        and (st.get("updatedReplicas") or 0) >= want
     )
 
 
@@ -276,7 +275,7 @@ def _status(
     for version, role in live.items():
         want = _want(spec, deps, version, role)
         st = (deps.get(version) or {}).get("status") or {}
-        ready = st.get("ready_replicas") or st.get("readyReplicas") or 0
+        ready = st.get("readyReplicas") or 0
         ok = _ready(deps.get(version), want)
         all_ready &= ok
         versions.append(
