@@ -18,10 +18,10 @@ IMAGE_TAG ?= 0.1.0
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
 .PHONY: help venv services kube-bins lint test test-only demo bench bench-seed train \
-        cluster-up cluster-down images helm-lint crd clean
+        cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
@@ -54,6 +54,12 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 
 test-only: ## Run the test suite only (services are started by fixtures)
 	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q
+
+e2e: venv services kube-bins ## The end-to-end scenarios on the local backend only (part of make test)
+	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q e2e/test_e2e.py
+
+e2e-kind: venv ## The end-to-end scenarios on kind (needs Docker, kind, kubectl, helm): builds and loads the images
+	KVRANK_E2E_BACKEND=kind $(PY) -m pytest -q e2e/test_e2e.py
 
 demo: venv ## Train or load the small model and show what the cache saves
 	$(VENV)/bin/kvrank demo

@@ -16,6 +16,8 @@ from pathlib import Path
 from localkube.tools import ClusterTools
 
 KIND_CONFIG = Path(__file__).resolve().parent.parent / "kind-config.yaml"
+MODELS_MOUNT = Path("/tmp/kvrank-e2e-models")
+"""The host folder ``kind-config.yaml`` mounts into every worker at ``/kvrank-models``."""
 
 
 @dataclass
@@ -31,6 +33,7 @@ class KindCluster(ClusterTools):
                 raise RuntimeError(f"KVRANK_CLUSTER=kind needs '{tool}' on PATH")
 
     def start(self, timeout: float = 300.0) -> KindCluster:
+        MODELS_MOUNT.mkdir(parents=True, exist_ok=True)  # kind-config.yaml mounts it
         subprocess.run(
             [
                 "kind",

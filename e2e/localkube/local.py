@@ -65,6 +65,8 @@ class LocalCluster(ClusterTools):
 
     workdir: Path
     tie_to_parent: bool = True
+    nodes: tuple[dict[str, Any], ...] = NODES
+    """kwok's fake nodes; ``()`` for a cluster whose pods run on a process node."""
 
     def __post_init__(self) -> None:
         self.bin = binaries()
@@ -256,8 +258,10 @@ class LocalCluster(ClusterTools):
         raise TimeoutError(f"local cluster: {what} not reached in {timeout:.0f}s\n{self.logs()}")
 
     def _create_nodes(self) -> None:
+        if not self.nodes:
+            return
         docs = []
-        for node in NODES:
+        for node in self.nodes:
             capacity = {"cpu": "32", "memory": "256Gi", "pods": "110"}
             if node["gpu"]:
                 capacity["nvidia.com/gpu"] = str(node["gpu"])
@@ -305,7 +309,7 @@ class LocalCluster(ClusterTools):
                 for c in n.get("status", {}).get("conditions", [])
             )
         ]
-        return len(ready) == len(NODES)
+        return len(ready) == len(self.nodes)
 
     def _default_sa(self) -> bool:
         return (

@@ -28,7 +28,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -58,7 +58,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.tie_to_parent else None,
+                preexec_fn=die_with_parent if self.tie_to_parent else None,
                 env={**os.environ, **(env or {})},
             )
         comp = Component(name, proc, log)

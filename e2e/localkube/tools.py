@@ -58,7 +58,9 @@ class ClusterTools:
 def _run(
     cmd: list[str], tool: str, args: tuple[str, ...], check: bool, **kwargs: object
 ) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
+    out: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        cmd, capture_output=True, text=True, check=False, **kwargs
+    )
     if check and out.returncode != 0:
         raise RuntimeError(f"{tool} {' '.join(args)} failed: {out.stderr.strip()}")
     return out

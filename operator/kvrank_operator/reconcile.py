@@ -227,7 +227,7 @@ def _namespaces(
             continue
         if e["state"] == "active":
             aborted = e["role"] == "canary"
-            grace = 0 if aborted else spec.cache.retired_grace_s
+            grace = _grace(spec, e)
             e.update(
                 state="retired", since=iso(now), purgeAfter=iso(now + dt.timedelta(seconds=grace))
             )
@@ -240,7 +240,11 @@ def _namespaces(
                     + ")",
                 )
             )
-        if e["state"] == "retired" and parse_iso(e["purgeAfter"]) <= now:
+        if e["state"] == "retired" and _still_serving(kube, name, ns, e["version"]):
+            # a pod of the retired version (even one draining) would write new entries into
+            # the namespace after the purge: the grace period counts from its last pod
+            e["purgeAfter"] = iso(now + dt.timedelta(seconds=_grace(spec, e)))
+        elif e["state"] == "retired" and parse_iso(e["purgeAfter"]) <= now:
             job = m.purge_job(spec, name, ns, e["namespace"])
             kube.create_if_absent(job, owner)
             e.update(state="purging", job=job["metadata"]["name"])
@@ -258,6 +262,16 @@ def _namespaces(
                 out.events.append(
                     ("Normal", "CacheNamespacePurged", f"namespace {e['namespace']} purged")
                 )
+
+
+def _grace(spec: RankerSpec, entry: dict[str, Any]) -> int:
+    """An aborted canary's entries are worthless at once; a retired stable's are kept for a
+    grace period (a rollback within it finds them warm)."""
+    return 0 if entry["role"] == "canary" else spec.cache.retired_grace_s
+
+
+def _still_serving(kube: Kube, name: str, ns: str, version: str) -> bool:
+    return bool(kube.list("v1", "Pod", ns, m.version_labels(name, version)))
 
 
 def _status(

@@ -101,11 +101,10 @@ def serve(
     ] = False,
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
-    import uvicorn
     from pydantic import ValidationError
 
-    from kvrank.server.app import create_app
     from kvrank.server.config import load_config
+    from kvrank.server.process import serve as serve_app
 
     overrides: dict[str, object] = {
         "model_dir": str(model) if model else None,
@@ -132,13 +131,7 @@ def serve(
             err=True,
         )
         raise typer.Exit(code=2)
-    uvicorn.run(
-        create_app(cfg),
-        host=cfg.host,
-        port=cfg.port,
-        log_level="warning",
-        timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
-    )
+    serve_app(cfg)
 
 
 @app.command()

@@ -1,12 +1,15 @@
-"""A local serving stack for the demo and the load test: redis-server + ranker processes.
+"""Local processes for the demo, the load test and the test suites.
 
-Starts a private ``redis-server`` on a free loopback port when the binary is installed
-(otherwise the stack runs L1-only and says so), and any number of ``kvrank serve``
-processes; everything is stopped on exit, even on errors.
+:class:`RedisServer` is one private ``redis-server`` on loopback (standalone or a Cluster
+node); :func:`start_redis_cluster` makes a real Redis Cluster of them. :class:`LocalStack`
+is the demo's serving stack: a redis-server when the binary is installed (otherwise the
+stack runs L1-only and says so) and any number of ``kvrank serve`` processes; everything is
+stopped on exit, even on errors.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -23,6 +26,152 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_pair() -> int:
+    """A free port p with p + 10000 free too (Redis Cluster's bus port), both <= 65535."""
+    for _ in range(200):
+        port = random.randint(20_000, 55_000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair found")
+
+
+@dataclass
+class RedisServer:
+    """One redis-server on loopback; ``stop``/``start`` simulate an outage (a Cluster node
+    keeps its ``nodes.conf`` in ``workdir``, so a restarted node rejoins its cluster)."""
+
+    port: int
+    workdir: Path
+    cluster: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (`make services` installs it)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
+        if self.cluster:
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.workdir / "nodes.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.cli("ping").stdout.strip() == "PONG":
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server on {self.port} did not start: {self.workdir}/redis.log")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["redis-cli", "-p", str(self.port), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+
+@dataclass
+class RedisCluster:
+    nodes: list[RedisServer]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def flush(self) -> None:
+        for n in self.nodes:
+            n.cli("flushall")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def wait_ok(self, timeout: float = 20.0) -> None:
+        """Until every running node reports ``cluster_state:ok``."""
+        deadline = time.monotonic() + timeout
+        while not all(
+            "cluster_state:ok" in n.cli("cluster", "info").stdout
+            for n in self.nodes
+            if n.proc is not None
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+
+
+def start_redis_cluster(workdir: Path, masters: int = 3) -> RedisCluster:
+    """A real Redis Cluster of ``masters`` redis-servers (no replicas) on loopback."""
+    cluster = RedisCluster([])
+    try:
+        for i in range(masters):
+            node = RedisServer(free_port_pair(), workdir / f"n{i}", cluster=True)
+            cluster.nodes.append(node.start())
+        out = subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{n.port}" for n in cluster.nodes],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
+        cluster.wait_ok()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 @dataclass
@@ -48,38 +197,12 @@ class LocalStack:
         self._exit.close()
 
     def start_redis(self) -> str | None:
-        binary = shutil.which("redis-server")
-        if binary is None:
+        if shutil.which("redis-server") is None:
             return None
-        port = free_port()
-        log = self._exit.enter_context((self.workdir / "redis.log").open("wb"))
-        self.procs.append(
-            subprocess.Popen(
-                [
-                    binary,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(self.workdir),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        self.redis_url = f"redis://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return self.redis_url
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        server = RedisServer(free_port_pair(), self.workdir / "redis").start()
+        self._exit.callback(server.stop)
+        self.redis_url = server.url
+        return self.redis_url
 
     def start_ranker(self, model: Path, *args: str) -> str:
         port = free_port()

@@ -85,7 +85,9 @@ def build_service(cfg: ServerConfig) -> RankingService:
 
 
 async def _warm_up(service: RankingService) -> None:
-    """One encode and one score, so the first real request does not pay for lazy init."""
+    """One encode and one score, and the L2 connection (a Redis Cluster client discovers its
+    slots on first use), so the first real request does not pay for lazy init and does not
+    miss L2 because discovery overran the per-operation timeout."""
     from kvrank.model.inputs import Candidates, Events, UserFeatures
 
     cfg = service.model.cfg
@@ -109,6 +111,9 @@ async def _warm_up(service: RankingService) -> None:
     )
     kv = await service.run_model(service.model.encode_user, user)
     await service.run_model(service.model.score, kv, cands)
+    l2 = service.cache.l2
+    if l2 is not None and not await l2.ping():
+        log.warning("L2 not reachable at startup; serving from L1 until it is")
 
 
 async def _watch_config(state: AppState) -> None:

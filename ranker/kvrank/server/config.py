@@ -53,11 +53,17 @@ class ServerConfig(BaseModel):
     microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
     refresh_every: int = Field(50, ge=1)
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
+    drain_delay_s: float = Field(
+        5.0,
+        ge=0,
+        le=120,
+        description="On SIGTERM keep serving (readyz 503) this long while endpoints update.",
+    )
     shutdown_grace_s: float = Field(
-        25.0,
+        20.0,
         ge=0,
         le=600,
-        description="Drain in-flight requests this long on SIGTERM (below the pod's 30 s).",
+        description="Then finish in-flight requests within this (drain + grace < the pod's 30 s).",
     )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -85,6 +91,7 @@ ENV_FIELDS = {
     "CACHE_MODE": ("cache_mode",),
     "MICROBATCH_MS": ("microbatch_ms",),
     "SHUTDOWN_GRACE_S": ("shutdown_grace_s",),
+    "DRAIN_DELAY_S": ("drain_delay_s",),
 }
 
 

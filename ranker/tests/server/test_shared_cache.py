@@ -151,3 +151,24 @@ def test_graceful_shutdown_drains_in_flight_requests(
     assert result.get("status") == 200, result
     # uvicorn re-raises the signal once drained: a clean exit by SIGTERM
     assert pod.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_sigterm_keeps_serving_while_not_ready_then_exits(
+    spawn_server, factory, server_cfg, make_body
+) -> None:
+    """Endpoints are updated after SIGTERM, not at it: during the drain delay the pod says
+    not-ready but still answers the requests that are still routed to it."""
+    import signal
+    import time
+
+    pod = spawn_server(env={"KVRANK_DRAIN_DELAY_S": "3"})
+    req = make_body("late", factory.user(server_cfg, 10, 5), factory.candidates(server_cfg, 5, 5))
+    assert httpx.get(f"{pod.url}/readyz", timeout=5).status_code == 200
+    pod.proc.send_signal(signal.SIGTERM)
+    sent_at = time.monotonic()
+    time.sleep(0.5)
+    assert httpx.get(f"{pod.url}/readyz", timeout=5).status_code == 503
+    assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    assert pod.proc.poll() is None, "exited before the drain delay"
+    assert pod.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert time.monotonic() - sent_at >= 2.5

@@ -1,0 +1,458 @@
+"""End-to-end: what a platform engineer does with kvrank, on a real API server.
+
+``helm install`` the operator, ``kubectl apply`` RankerDeployments, send scoring traffic
+through the Services, roll a canary, promote, abort, tune the TTL, break things. The same
+scenarios run on two backends (``KVRANK_E2E_BACKEND``): ``local`` (in ``make test``: pods
+run as local processes on a process node, real Redis Cluster, real Prometheus) and ``kind``
+(``make e2e-kind``). The scenarios build on each other and run in file order; every wait
+reports the RankerDeployments, pods, Events and operator log when it times out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from stack import (
+    MODEL_CONFIG,
+    NS,
+    OPERATOR_NS,
+    KindStack,
+    LocalStack,
+    metric_values,
+    stack_from_env,
+)
+
+from kvrank.workload import Workload, WorkloadSettings
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = 20
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack | KindStack]:
+    s = stack_from_env(tmp_path_factory.mktemp("e2e"))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+BODIES = [
+    r.body
+    for r in Workload(MODEL_CONFIG, WorkloadSettings(users=50, candidates=CANDIDATES)).requests(50)
+]
+
+
+def body(user: str, i: int = 0) -> dict[str, Any]:
+    return {**BODIES[i % len(BODIES)], "user_id": user}
+
+
+def example(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / name).read_text())
+    return doc
+
+
+def status(stack: LocalStack | KindStack, name: str) -> dict[str, Any]:
+    return ((stack.get("rkd", name) or {}).get("status")) or {}
+
+
+def condition(stack: LocalStack | KindStack, name: str, ctype: str) -> dict[str, Any] | None:
+    for c in status(stack, name).get("conditions", []):
+        if c["type"] == ctype:
+            return dict(c)
+    return None
+
+
+def ready(stack: LocalStack | KindStack, name: str) -> bool:
+    st = stack.get("rkd", name) or {}
+    c = condition(stack, name, "Ready")
+    return bool(
+        c
+        and c["status"] == "True"
+        and c.get("observedGeneration", st.get("metadata", {}).get("generation"))
+        == st.get("metadata", {}).get("generation")
+    )
+
+
+def namespaces(stack: LocalStack | KindStack, name: str) -> dict[str, str]:
+    return {e["namespace"]: e["state"] for e in status(stack, name).get("cacheNamespaces", [])}
+
+
+def ok_score(stack: LocalStack | KindStack, service: str, user: str, i: int = 0) -> dict[str, Any]:
+    resp = stack.score(service, body(user, i))
+    assert resp.status_code == 200, f"{service}: {resp.status_code} {resp.text[:500]}"
+    out: dict[str, Any] = resp.json()
+    assert len(out["scores"]) == CANDIDATES
+    assert all(math.isfinite(s) for s in out["scores"])
+    return out
+
+
+def feed_ranker(stack: LocalStack | KindStack, **spec: Any) -> dict[str, Any]:
+    doc = stack.adapt(example("basic.yaml"))
+    for key, value in spec.items():
+        doc["spec"][key] = value
+    return doc
+
+
+# ---------------------------------------------------------------------------- 1. install
+def test_01_install_chart_crd_and_operator(stack: LocalStack | KindStack) -> None:
+    stack.install_operator()
+    crd = json.loads(stack.kubectl("get", "crd", "rankerdeployments.kvrank.io", "-o", "json"))
+    established = [c for c in crd["status"]["conditions"] if c["type"] == "Established"]
+    assert established and established[0]["status"] == "True", crd["status"]
+    dep = stack.wait_for(
+        lambda: next(
+            (
+                d
+                for d in json.loads(
+                    stack.kubectl("get", "deployment", "-n", OPERATOR_NS, "-o", "json")
+                )["items"]
+                if (d.get("status") or {}).get("readyReplicas") == 1
+            ),
+            None,
+        ),
+        "the operator Deployment Ready",
+    )
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    for column in ("Ready", "Version", "Canary", "Weight", "TTL", "Hit-Ratio", "Age"):
+        assert column in columns
+    assert "No resources found" in stack.cluster.kubectl("get", "rkd", "-n", NS).stderr
+
+
+# ---------------------------------------------------------------------------- 2. basic
+def test_02_basic_example_serves_and_caches(stack: LocalStack | KindStack) -> None:
+    stack.apply(feed_ranker(stack))
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "feed-ranker Ready", 240)
+    uid = stack.get("rkd", "feed-ranker")["metadata"]["uid"]  # type: ignore[index]
+    owned = [
+        ("deployment", "feed-ranker-v1"),
+        ("service", "feed-ranker"),
+        ("service", "feed-ranker-v1"),
+        ("configmap", "feed-ranker-config"),
+        ("pdb", "feed-ranker"),
+    ]
+    if isinstance(stack, KindStack):
+        owned += [("statefulset", "feed-ranker-redis"), ("secret", "feed-ranker-redis-auth")]
+    for kind, name in owned:
+        obj = stack.get(kind, name)
+        assert obj is not None, f"{kind}/{name} missing\n{stack.report()}"
+        refs = obj["metadata"].get("ownerReferences") or []
+        assert refs and refs[0]["uid"] == uid, f"{kind}/{name} is not owned by feed-ranker"
+    assert stack.get("deployment", "feed-ranker-v1")["status"]["readyReplicas"] == 2  # type: ignore[index]
+    assert len(stack.endpoints("feed-ranker")) == 2
+    first = ok_score(stack, "feed-ranker", "basic-user")
+    assert first["cache"] == "miss" and first["model_version"] == "v1"
+    second = ok_score(stack, "feed-ranker", "basic-user")
+    assert second["cache"] in ("l1", "l2"), second
+    assert second["scores"] == pytest.approx(first["scores"], abs=1e-4)
+    table = stack.kubectl("get", "rkd", "-n", NS)
+    for column in ("READY", "VERSION", "CANARY", "WEIGHT", "TTL", "HIT-RATIO", "AGE"):
+        assert column in table
+    assert "2/2" in table, table
+
+
+# ---------------------------------------------------------------------------- 3. scale
+def test_03_scale_subresource_and_autoscaler_owned_replicas(stack: LocalStack | KindStack) -> None:
+    stack.kubectl("scale", "rkd/feed-ranker", "-n", NS, "--replicas=3")
+    stack.wait_for(
+        lambda: (
+            (stack.get("deployment", "feed-ranker-v1") or {}).get("status", {}).get("readyReplicas")
+            == 3
+        ),
+        "feed-ranker-v1 at 3 ready replicas",
+        180,
+    )
+    stack.wait_for(
+        lambda: len(stack.endpoints("feed-ranker")) == 3, "3 endpoints behind feed-ranker"
+    )
+    stack.wait_for(lambda: status(stack, "feed-ranker").get("replicas") == 3, "status.replicas 3")
+    # an autoscaler takes over: the operator must leave the Deployment's replicas alone
+    doc = feed_ranker(stack)
+    doc["spec"]["model"]["replicas"] = 3
+    doc["spec"]["model"]["externalReplicas"] = True
+    stack.apply(doc)
+    stack.kubectl("scale", "deployment/feed-ranker-v1", "-n", NS, "--replicas=2")
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready at the autoscaler's replicas")
+    time.sleep(7)  # more than one resync period
+    assert stack.get("deployment", "feed-ranker-v1")["spec"]["replicas"] == 2  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- 4. canary
+def canary_spec(
+    stack: LocalStack | KindStack, version: str | None, weight: int = 20
+) -> dict[str, Any]:
+    doc = feed_ranker(stack)
+    doc["spec"]["model"]["replicas"] = 5
+    doc["spec"]["cache"]["retiredNamespaceGraceSeconds"] = 3
+    if version is not None:
+        doc["spec"]["canary"] = {
+            "version": version,
+            "uri": f"/models/feed-ranker/{version}",
+            "weight": weight,
+        }
+    return doc
+
+
+def test_04_canary_splits_replicas_and_cache_namespaces(stack: LocalStack | KindStack) -> None:
+    stack.apply(canary_spec(stack, "v2"))
+    stack.wait_for(
+        lambda: namespaces(stack, "feed-ranker") == {"v-v1": "active", "v-v2": "active"},
+        "two active cache namespaces",
+    )
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready with the canary", 240)
+    assert stack.get("deployment", "feed-ranker-v1")["spec"]["replicas"] == 4  # type: ignore[index]
+    assert stack.get("deployment", "feed-ranker-v2")["spec"]["replicas"] == 1  # type: ignore[index]
+    assert condition(stack, "feed-ranker", "CanaryReady")["status"] == "True"  # type: ignore[index]
+    for version in ("v1", "v2"):
+        out = ok_score(stack, f"feed-ranker-{version}", f"canary-user-{version}")
+        assert out["model_version"] == version
+    assert stack.redis_keys("v-v1") > 0
+    assert stack.redis_keys("v-v2") > 0
+    versions = {ok_score(stack, "feed-ranker", f"mixed-{i}", i)["model_version"] for i in range(15)}
+    assert versions == {"v1", "v2"}, "the shared Service must reach both versions"
+
+
+# ---------------------------------------------------------------------------- 5. promote
+def test_05_promote_retires_and_purges_the_old_namespace(stack: LocalStack | KindStack) -> None:
+    assert stack.redis_keys("v-v1") > 0
+    doc = canary_spec(stack, None)
+    doc["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    stack.apply(doc)
+    failures: list[str] = []
+    deadline = time.monotonic() + 180
+    i = 0
+    while time.monotonic() < deadline:  # no window in which no version answers
+        resp = stack.score("feed-ranker", body(f"promo-{i % 5}", i))
+        if resp.status_code != 200:
+            failures.append(f"{resp.status_code} {resp.text[:200]}")
+        i += 1
+        if namespaces(stack, "feed-ranker").get("v-v1") == "purged":
+            break
+    assert namespaces(stack, "feed-ranker").get("v-v1") == "purged", stack.report()
+    assert not failures, failures[:5]
+    assert stack.redis_keys("v-v1") == 0, "v1's cache entries must be gone from Redis"
+    assert stack.redis_keys("v-v2") > 0
+    stack.wait_for(
+        lambda: stack.get("deployment", "feed-ranker-v1") is None, "v1 Deployment removed"
+    )
+    stack.wait_for(
+        lambda: (
+            (stack.get("deployment", "feed-ranker-v2") or {}).get("status", {}).get("readyReplicas")
+            == 5
+        ),
+        "v2 at all 5 replicas",
+        240,
+    )
+    assert ok_score(stack, "feed-ranker", "after-promote")["model_version"] == "v2"
+
+
+# ---------------------------------------------------------------------------- 6. abort
+def test_06_abort_purges_the_canary_namespace_only(stack: LocalStack | KindStack) -> None:
+    stable = stack.get("deployment", "feed-ranker-v2")
+    doc = canary_spec(stack, "v3")
+    doc["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    stack.apply(doc)
+    stack.wait_for(lambda: namespaces(stack, "feed-ranker").get("v-v3") == "active", "v3 active")
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready with canary v3", 240)
+    assert ok_score(stack, "feed-ranker-v3", "abort-user")["model_version"] == "v3"
+    assert stack.redis_keys("v-v3") > 0
+    doc = canary_spec(stack, None)
+    doc["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    stack.apply(doc)
+    stack.wait_for(lambda: namespaces(stack, "feed-ranker").get("v-v3") == "purged", "v3 purged")
+    assert stack.redis_keys("v-v3") == 0
+    # the stable namespace is never purged (its entries only expire by their TTL)
+    assert not stack.list("jobs", "kvrank.io/cache-namespace=v-v2")
+    after = stack.get("deployment", "feed-ranker-v2")
+    assert after is not None and after["metadata"]["uid"] == stable["metadata"]["uid"]  # type: ignore[index]
+    assert namespaces(stack, "feed-ranker").get("v-v2") == "active"
+    stack.wait_for(
+        lambda: stack.get("deployment", "feed-ranker-v3") is None, "v3 Deployment removed"
+    )
+
+
+# ---------------------------------------------------------------------------- 7. TTL
+def test_07_ttl_converges_and_rankers_apply_it_without_restart(
+    stack: LocalStack | KindStack,
+) -> None:
+    doc = stack.adapt(example("basic.yaml"))
+    doc["metadata"]["name"] = "ttl-ranker"
+    doc["spec"]["model"]["replicas"] = 1
+    doc["spec"]["ttl"] = {
+        "mode": "auto",
+        "factor": 3,
+        "minSeconds": 1,
+        "maxSeconds": 300,
+        "intervalSeconds": 5,
+        "source": stack.ttl_source(),
+    }
+    stack.apply(doc)
+    stack.wait_for(lambda: ready(stack, "ttl-ranker"), "ttl-ranker Ready", 240)
+    pod = stack.list("pods", "app.kubernetes.io/instance=ttl-ranker")[0]
+
+    stop = threading.Event()
+
+    def drive() -> None:  # 4 users, each returning every 1.5 s (on a fixed schedule)
+        next_round = time.monotonic()
+        while not stop.is_set():
+            for u in range(4):
+                ok_score(stack, "ttl-ranker", f"ttl-user-{u}", u)
+            next_round += 1.5
+            stop.wait(max(0.0, next_round - time.monotonic()))
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    try:
+
+        def converged() -> dict[str, Any] | None:
+            ttl = status(stack, "ttl-ranker").get("ttl") or {}
+            mean = ttl.get("meanIntervalSeconds")
+            return ttl if mean and abs(mean - 1.5) <= 0.3 else None
+
+        tuned = stack.wait_for(converged, "status.ttl from a 1.5 s mean interval", 150)
+        assert tuned["source"] == stack.ttl_source()["type"]
+        expected = min(max(tuned["meanIntervalSeconds"] * 3, 1), 300)
+        assert tuned["seconds"] == pytest.approx(expected, rel=0.01), tuned
+        cm = stack.get("configmap", "ttl-ranker-config")
+        assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == tuned["seconds"]  # type: ignore[index]
+
+        def applied() -> bool:
+            ttls = metric_values(stack.metrics("ttl-ranker"), "kvrank_cache_ttl_seconds")
+            return bool(ttls) and all(v == pytest.approx(tuned["seconds"], rel=0.01) for v in ttls)
+
+        stack.wait_for(applied, "the ranker's kvrank_cache_ttl_seconds at the tuned TTL", 60)
+    finally:
+        stop.set()
+        driver.join(timeout=30)
+    after = stack.list("pods", "app.kubernetes.io/instance=ttl-ranker")[0]
+    assert after["metadata"]["uid"] == pod["metadata"]["uid"], "the pod was replaced"
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "the ranker restarted"
+
+
+# ---------------------------------------------------------------------------- 8. bad input
+def test_08_invalid_specs_are_rejected_or_reported_and_nothing_is_deleted(
+    stack: LocalStack | KindStack,
+) -> None:
+    bad = canary_spec(stack, "v3", weight=150)
+    out = stack.apply(bad, check=False)
+    assert out.returncode != 0
+    assert "spec.canary.weight" in out.stderr and "100" in out.stderr, out.stderr
+    bad = feed_ranker(stack)
+    bad["spec"]["model"]["replicas"] = -1
+    out = stack.apply(bad, check=False)
+    assert out.returncode != 0 and "spec.model.replicas" in out.stderr, out.stderr
+    # semantically wrong (the schema cannot see it): reported on the object, nothing deleted
+    good = stack.get("rkd", "feed-ranker")
+    wrong = canary_spec(stack, "v2")
+    wrong["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    stack.apply(wrong)
+    degraded = stack.wait_for(
+        lambda: (c := condition(stack, "feed-ranker", "Degraded")) and c["status"] == "True" and c,
+        "Degraded condition",
+    )
+    assert "canary.version" in degraded["message"], degraded
+    assert stack.get("deployment", "feed-ranker-v2") is not None
+    assert ok_score(stack, "feed-ranker", "still-serving")["model_version"] == "v2"
+    restore = canary_spec(stack, None)
+    restore["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    stack.apply(restore)
+    stack.wait_for(
+        lambda: (c := condition(stack, "feed-ranker", "Degraded")) and c["status"] == "False",
+        "Degraded cleared",
+    )
+    assert good is not None
+
+
+# ---------------------------------------------------------------------------- 9. resilience
+def test_09_operator_killed_mid_rollout_converges(stack: LocalStack | KindStack) -> None:
+    doc = canary_spec(stack, "v3", weight=40)
+    doc["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
+    before = stack.list("pods", "app.kubernetes.io/name=kvrank-operator", OPERATOR_NS)
+    stack.apply(doc)
+    stack.wait_for(lambda: stack.get("deployment", "feed-ranker-v3"), "the rollout started", 60)
+    stack.kill_operator()  # v3's pods are still starting: the rollout is half done
+    stack.wait_for(
+        lambda: [
+            p
+            for p in stack.list("pods", "app.kubernetes.io/name=kvrank-operator", OPERATOR_NS)
+            if p["metadata"]["uid"] not in {b["metadata"]["uid"] for b in before}
+        ],
+        "a new operator pod",
+        60,
+    )
+    stack.wait_for(
+        lambda: (
+            namespaces(stack, "feed-ranker") == {"v-v2": "active", "v-v3": "active"}
+            or {k: v for k, v in namespaces(stack, "feed-ranker").items() if v == "active"}
+            == {"v-v2": "active", "v-v3": "active"}
+        ),
+        "both namespaces active after the operator restart",
+        240,
+    )
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready after the restart", 240)
+    assert stack.get("deployment", "feed-ranker-v2")["spec"]["replicas"] == 3  # type: ignore[index]
+    assert stack.get("deployment", "feed-ranker-v3")["spec"]["replicas"] == 2  # type: ignore[index]
+    assert ok_score(stack, "feed-ranker-v3", "after-operator-restart")["model_version"] == "v3"
+
+
+def test_09_redis_node_killed_under_load_scoring_keeps_succeeding(
+    stack: LocalStack | KindStack,
+) -> None:
+    results: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        while not stop.is_set():
+            resp = stack.score("feed-ranker", body(f"load-{i % 40}", i), timeout=30)
+            results.append(
+                (
+                    resp.status_code,
+                    resp.json().get("cache", "") if resp.status_code == 200 else resp.text[:200],
+                )
+            )
+            i += 1
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    time.sleep(4)
+    restore = stack.kill_redis_node()
+    killed_at = len(results)
+    time.sleep(8)
+    stop.set()
+    worker.join(timeout=60)
+    restore()
+    after_kill = results[killed_at:]
+    assert len(after_kill) >= 5, f"too little traffic after the kill: {len(after_kill)}"
+    errors = metric_values(stack.metrics("feed-ranker"), "kvrank_redis_errors_total")
+    assert sum(errors) > 0, "the rankers never noticed the dead Redis node"
+    failed = [r for r in results if r[0] != 200]
+    assert not failed, f"{len(failed)}/{len(results)} requests failed: {failed[:5]}"
+
+
+# ---------------------------------------------------------------------------- 10. delete
+def test_10_delete_removes_everything_it_created(stack: LocalStack | KindStack) -> None:
+    for name in ("feed-ranker", "ttl-ranker"):
+        stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=true", "--timeout=60s")
+    for name in ("feed-ranker", "ttl-ranker"):
+        selector = f"app.kubernetes.io/instance={name}"
+        for kind in ("deployments", "services", "configmaps", "pdb", "jobs", "statefulsets"):
+            stack.wait_for(
+                lambda kind=kind, selector=selector: not stack.list(kind, selector),
+                f"{kind} of {name} gone",
+            )
+        stack.wait_for(
+            lambda selector=selector: not stack.list("pods", selector), f"pods of {name} gone"
+        )
+    assert not stack.endpoints("feed-ranker")

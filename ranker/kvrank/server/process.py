@@ -1,0 +1,54 @@
+"""Running the app under uvicorn with a Kubernetes-friendly shutdown.
+
+On SIGTERM a pod is removed from its Service's endpoints *asynchronously*: kube-proxy and
+load balancers keep sending it new connections for a moment. So the first SIGTERM only
+starts draining: ``/readyz`` turns 503 and requests are still served for
+``drain_delay_s``; then uvicorn stops accepting and finishes in-flight requests within
+``shutdown_grace_s``. A second SIGTERM (or SIGINT) stops at once. ``drain_delay_s +
+shutdown_grace_s`` stays below the pod's ``terminationGracePeriodSeconds`` (30 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from kvrank.server.app import create_app
+from kvrank.server.config import ServerConfig
+
+log = logging.getLogger("kvrank.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_delay_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.drain_delay_s = drain_delay_s
+        self.draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.draining or self.drain_delay_s <= 0:
+            super().handle_exit(sig, frame)
+            return
+        self.draining = True
+        self.app.state.kvrank.ready = False
+        log.warning("signal %d: draining for %.1fs before shutdown", sig, self.drain_delay_s)
+        timer = threading.Timer(self.drain_delay_s, super().handle_exit, (sig, None))
+        timer.daemon = True
+        timer.start()
+
+
+def serve(cfg: ServerConfig) -> None:
+    app = create_app(cfg)
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
+    )
+    DrainingServer(config, app, cfg.drain_delay_s).run()
