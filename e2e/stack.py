@@ -17,6 +17,7 @@ cache namespace's keys in Redis, kill the operator or a Redis node, read a ranke
 
 from __future__ import annotations
 
+import functools
 import http.server
 import itertools
 import json
@@ -162,6 +163,10 @@ class Stack:
     def base_urls(self, service: str) -> list[str]:
         raise NotImplementedError
 
+    def canary_uri(self, version: str) -> str:
+        """Where a canary's artifact is: a path in the model volume unless overridden."""
+        return f"/models/feed-ranker/{version}"
+
     def routes(self, service: str) -> list[str]:
         """``base_urls`` as a proxy sees them: refreshed at most every second."""
         cached = self._routes.get(service)
@@ -200,6 +205,7 @@ class LocalStack(Stack):
         self.prometheus: subprocess.Popen[bytes] | None = None
         self.prometheus_url = ""
         self.discovery: PodDiscovery | None = None
+        self.model_server: StaticFiles | None = None
         self.models = write_models(workdir / "models")
 
     def start(self) -> LocalStack:
@@ -218,6 +224,8 @@ class LocalStack(Stack):
                 gpus=16,  # room for a promoted canary next to the old version (max 5 + 5)
             ).start()
             self.redis = start_redis_cluster(self.workdir / "redis")
+            self.model_server = StaticFiles(self.models)
+            self.model_server.start()
             self.kubectl("create", "namespace", NS)
             self._start_prometheus()
         except BaseException:
@@ -226,6 +234,8 @@ class LocalStack(Stack):
         return self
 
     def stop(self) -> None:
+        if self.model_server is not None:
+            self.model_server.stop()
         if self.discovery is not None:
             self.discovery.stop()
         if self.prometheus is not None:
@@ -266,6 +276,11 @@ class LocalStack(Stack):
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}
+
+    def canary_uri(self, version: str) -> str:
+        """Canaries come by URL here, so artifact download is exercised too."""
+        assert self.model_server is not None
+        return f"{self.model_server.url}/feed-ranker/{version}"
 
     def base_urls(self, service: str) -> list[str]:
         # kube-proxy's job: a Service resolves to its ready endpoints, reached through the
@@ -354,13 +369,16 @@ class LocalStack(Stack):
         )
         kubeconfig = self.cluster.service_account_kubeconfig(NS, "prometheus", 4 * 3600)
         assert self.node is not None
-        self.discovery = PodDiscovery(kubeconfig, NS, self.node.address).start()
+        self.discovery = PodDiscovery(kubeconfig, NS, self.node.address)
+        self.discovery.start()
         conf = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
                 {
                     "job_name": "kvrank-rankers",
-                    "http_sd_configs": [{"url": self.discovery.url, "refresh_interval": "1s"}],
+                    "http_sd_configs": [
+                        {"url": self.discovery.targets_url, "refresh_interval": "1s"}
+                    ],
                 }
             ],
         }
@@ -394,7 +412,35 @@ class LocalStack(Stack):
         )
 
 
-class PodDiscovery:
+class LoopbackServer:
+    """An HTTP server on a free loopback port, served from a daemon thread."""
+
+    def __init__(self, handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> LoopbackServer:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class StaticFiles(LoopbackServer):
+    """A directory over HTTP (an artifact store for ``http://`` model URIs)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(functools.partial(_Quiet, directory=str(root)))
+
+
+class PodDiscovery(LoopbackServer):
     """Prometheus pod discovery through the API server, served as ``http_sd``.
 
     Debian's Prometheus is built without ``kubernetes_sd_configs``; this answers with what
@@ -425,16 +471,8 @@ class PodDiscovery:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/targets"
-
-    def start(self) -> PodDiscovery:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
+        self.targets_url = f"{self.url}/targets"
 
     def targets(self) -> list[dict[str, Any]]:
         out = []

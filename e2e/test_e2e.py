@@ -198,7 +198,7 @@ def canary_spec(
     if version is not None:
         doc["spec"]["canary"] = {
             "version": version,
-            "uri": f"/models/feed-ranker/{version}",
+            "uri": stack.canary_uri(version),
             "weight": weight,
         }
     return doc
@@ -332,6 +332,13 @@ def test_07_ttl_converges_and_rankers_apply_it_without_restart(
             return bool(ttls) and all(v == pytest.approx(tuned["seconds"], rel=0.01) for v in ttls)
 
         stack.wait_for(applied, "the ranker's kvrank_cache_ttl_seconds at the tuned TTL", 60)
+        # the same users keep coming back: nearly every request is a cache hit
+        ratio = stack.wait_for(
+            lambda: status(stack, "ttl-ranker").get("hitRatio"), "status.hitRatio", 60
+        )
+        assert 0.5 < ratio <= 1.0, ratio
+        row = stack.kubectl("get", "rkd", "ttl-ranker", "-n", NS).splitlines()[1]
+        assert str(tuned["seconds"]) in row and str(ratio)[:3] in row, row
     finally:
         stop.set()
         driver.join(timeout=30)
@@ -444,7 +451,9 @@ def test_09_redis_node_killed_under_load_scoring_keeps_succeeding(
 # ---------------------------------------------------------------------------- 10. delete
 def test_10_delete_removes_everything_it_created(stack: LocalStack | KindStack) -> None:
     for name in ("feed-ranker", "ttl-ranker"):
-        stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=true", "--timeout=60s")
+        stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=false")
+    for name in ("feed-ranker", "ttl-ranker"):
+        stack.wait_for(lambda name=name: stack.get("rkd", name) is None, f"rkd/{name} gone")
     for name in ("feed-ranker", "ttl-ranker"):
         selector = f"app.kubernetes.io/instance={name}"
         for kind in ("deployments", "services", "configmaps", "pdb", "jobs", "statefulsets"):

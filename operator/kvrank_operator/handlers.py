@@ -77,9 +77,13 @@ def on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None
 @kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
 def resync(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
     _run("timer", body, patch, logger)
-    tuned = tune_ttl(kube(), dict(body), dt.datetime.now(dt.UTC))
+    observed = tune_ttl(kube(), dict(body), dt.datetime.now(dt.UTC))
+    if observed is None:
+        return
+    for key, value in observed.items():
+        patch.status[key] = value
+    tuned = observed.get("ttl")
     if tuned is not None:
-        patch.status["ttl"] = tuned
         kopf.info(
             body,
             reason="TTLUpdated",

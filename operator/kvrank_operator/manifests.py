@@ -18,6 +18,7 @@ NAME = "kvrank-ranker"
 CONFIG_MOUNT = "/etc/kvrank"
 CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
 PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
+MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
 
 
@@ -111,14 +112,20 @@ def deployment(
         {"name": "KVRANK_NAMESPACE", "value": namespace_for(version)},
         {"name": "KVRANK_MODEL_VERSION", "value": version},
         {"name": "KVRANK_CONFIG_FILE", "value": CONFIG_FILE},
+        {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},
         {"name": "KVRANK_PORT", "value": str(spec.port)},
         *spec.model.env,
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": f"{instance}-config"}}
+        {"name": "config", "configMap": {"name": f"{instance}-config"}},
+        # artifacts given by URL are downloaded here (the root filesystem is read-only)
+        {"name": "model-cache", "emptyDir": {}},
     ]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},
+    ]
     if spec.model.volume:
         volumes.append({"name": "models", **spec.model.volume})
         mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvrank_operator import manifests as m
+from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
 from kvrank_operator.spec import RankerSpec, namespace_for, parse_spec
@@ -27,14 +28,6 @@ API = "kvrank.io/v1alpha1"
 class Outcome:
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-
-
-def iso(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(text: str) -> dt.datetime:
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
 
 
 def set_condition(

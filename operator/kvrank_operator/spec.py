@@ -128,6 +128,16 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         volume=m.get("volume") or {},
         external_replicas=bool(m.get("externalReplicas", False)),
     )
+    for fld, uri in (
+        ("model.uri", model.uri),
+        ("canary.uri", (spec.get("canary") or {}).get("uri")),
+    ):
+        if uri and "://" in uri and not uri.startswith(("http://", "https://")):
+            raise SpecError(
+                fld,
+                f"scheme {uri.split('://', 1)[0]!r} is not supported:"
+                " use a path in model.volume (or baked into the image) or an http(s):// URL",
+            )
     if model.volume and not model.uri.startswith(MODELS_MOUNT + "/"):
         raise SpecError(
             "model.uri",

@@ -12,17 +12,24 @@ from kvrank_operator.spec import TTLSpec
 HYSTERESIS = 0.10
 """Ignore a new TTL within ±10 % of the current one."""
 INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"
+HIT_RATIO_METRIC = "kvrank_cache_hit_ratio"
+
+
+def parse_gauge(text: str, name: str, positive: bool = False) -> list[float]:
+    """Every sample of gauge ``name`` in Prometheus text exposition (one per pod and label
+    set); ``positive`` drops zeros, which rankers export for "not measured yet"."""
+    values = []
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            value = float(line.rsplit(" ", 1)[1])
+            if value > 0 or not positive:
+                values.append(value)
+    return values
 
 
 def parse_interval_means(text: str) -> list[float]:
     """Per-pod mean intervals from Prometheus text exposition (0 means "not measured")."""
-    values = []
-    for line in text.splitlines():
-        if line.startswith(INTERVAL_METRIC + "{") or line.startswith(INTERVAL_METRIC + " "):
-            value = float(line.rsplit(" ", 1)[1])
-            if value > 0:
-                values.append(value)
-    return values
+    return parse_gauge(text, INTERVAL_METRIC, positive=True)
 
 
 def target_ttl(mean_interval_s: float, spec: TTLSpec) -> float:

@@ -362,7 +362,13 @@ def test_ttl_converges_from_a_real_rankers_metrics_via_prometheus(
                 "scrape_configs": [
                     {
                         "job_name": "ranker",
-                        "static_configs": [{"targets": [f"127.0.0.1:{ranker_port}"]}],
+                        "static_configs": [
+                            {
+                                "targets": [f"127.0.0.1:{ranker_port}"],
+                                # what the usual Kubernetes pod relabelling produces
+                                "labels": {"kubernetes_namespace": NS, "instance_name": "tuned"},
+                            }
+                        ],
                     }
                 ],
             }
@@ -424,6 +430,12 @@ def test_ttl_converges_from_a_real_rankers_metrics_via_prometheus(
         assert status_ttl["source"] == "prometheus"
         assert status_ttl["meanIntervalSeconds"] == pytest.approx(1.5, rel=0.25)
         assert status_ttl["seconds"] == pytest.approx(4.5, rel=0.25)
+        ratio = wait_for(
+            lambda: ((get(cluster, "rkd", "tuned") or {}).get("status") or {}).get("hitRatio"),
+            "status.hitRatio",
+            60,
+        )
+        assert 0.5 < ratio <= 1.0  # 4 users, 8 requests each: all but the first are hits
         cm = get(cluster, "configmap", "tuned-config")
         ranker_cfg = yaml.safe_load(cm["data"]["ranker.yaml"])
         assert ranker_cfg["ttl"]["fixed_seconds"] == status_ttl["seconds"]

@@ -42,6 +42,7 @@ def test_examples_parse() -> None:
             {"cache": {"redis": {"mode": "external", "url": "redis://x:1", "tls": True}}},
             "cache.redis.url",
         ),
+        ({"canary": {"version": "v2", "uri": "s3://bucket/v2"}}, "canary.uri"),
     ],
 )
 def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
@@ -152,3 +153,19 @@ def test_model_volume_is_mounted_read_only_under_models() -> None:
     assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
     with pytest.raises(SpecError, match=r"model\.uri"):
         parse_spec({"model": {"version": "v1", "uri": "/elsewhere/v1", "volume": {"emptyDir": {}}}})
+
+
+def test_url_artifacts_get_a_writable_download_cache() -> None:
+    spec = parse_spec({"model": {"version": "v1", "uri": "https://models.example/feed/v1"}})
+    pod = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")["spec"]["template"][
+        "spec"
+    ]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["KVRANK_MODEL_DIR"] == "https://models.example/feed/v1"
+    cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert cache == {"name": "model-cache", "emptyDir": {}}
+    mount = next(x for x in pod["containers"][0]["volumeMounts"] if x["name"] == "model-cache")
+    assert env["KVRANK_MODEL_CACHE_DIR"] == mount["mountPath"]
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    with pytest.raises(SpecError, match=r"spec\.model\.uri.*'gs'"):
+        parse_spec({"model": {"version": "v1", "uri": "gs://bucket/v1"}})

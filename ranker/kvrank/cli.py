@@ -103,6 +103,8 @@ def serve(
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
     from pydantic import ValidationError
 
+    from kvrank.errors import ArtifactError
+    from kvrank.model.artifact import resolve_artifact
     from kvrank.server.config import load_config
     from kvrank.server.process import serve as serve_app
 
@@ -123,7 +125,12 @@ def serve(
     except (ValidationError, ValueError, OSError) as exc:
         typer.secho(f"kvrank serve: invalid configuration: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from exc
-    if not (Path(cfg.model_dir) / "config.json").is_file():
+    try:  # a URL is downloaded now, so a bad location fails before the port opens
+        local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir))
+    except ArtifactError as exc:
+        typer.secho(f"kvrank serve: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
+    if not (local / "config.json").is_file():
         typer.secho(
             f"kvrank serve: no model artifact at {cfg.model_dir} (config.json missing);"
             " train one with `kvrank train --out DIR`",

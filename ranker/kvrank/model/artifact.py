@@ -1,13 +1,21 @@
-"""Model artifacts on disk: ``config.json`` + ``model.safetensors`` (no pickle anywhere).
+"""Model artifacts: ``config.json`` + ``model.safetensors`` (no pickle anywhere).
 
 ``config.json`` holds the :class:`ModelConfig`, the model version string and a format
 number; weights are loaded with safetensors and ``load_state_dict(strict=True)``, so a
 file that does not match the config is an :class:`ArtifactError`, never a partial model.
+An artifact lives in a directory, or behind an ``http(s)://`` URL (the directory's two
+files under it), which :func:`resolve_artifact` downloads once into a local cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -22,6 +30,8 @@ from kvrank.model.ranker import RankerModel
 ARTIFACT_FORMAT = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+MAX_DOWNLOAD_BYTES = 64 * 2**30
+DOWNLOAD_TIMEOUT_S = 60.0
 
 
 def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | None = None) -> Path:
@@ -60,3 +70,47 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> RankerMod
     except (SafetensorError, RuntimeError) as exc:
         raise ArtifactError(f"{weights}: weights do not match the config: {exc}") from exc
     return model.to(device).eval()
+
+
+def is_url(location: str) -> bool:
+    return "://" in location
+
+
+def resolve_artifact(location: str, cache_dir: Path) -> Path:
+    """A local directory holding the artifact at ``location``: a path as it is, or an
+    ``http(s)://`` URL whose two files are downloaded (once: a complete download is reused)
+    into ``cache_dir/<digest of the URL>``. A partial download never looks complete."""
+    if not is_url(location):
+        return Path(location)
+    if not location.startswith(("http://", "https://")):
+        scheme = location.split("://", 1)[0]
+        raise ArtifactError(
+            f"model location {location!r}: scheme {scheme!r} is not supported"
+            " (use a path in a mounted volume or an http(s):// URL)"
+        )
+    target = cache_dir / hashlib.sha256(location.encode()).hexdigest()[:16]
+    if (target / CONFIG_FILE).is_file() and (target / WEIGHTS_FILE).is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=cache_dir))
+    try:
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            _download(f"{location.rstrip('/')}/{name}", staging / name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _download(url: str, dest: Path) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, dest.open("wb") as f:
+            size = 0
+            while chunk := resp.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_DOWNLOAD_BYTES:
+                    raise ArtifactError(f"{url}: larger than {MAX_DOWNLOAD_BYTES} bytes")
+                f.write(chunk)
+    except (urllib.error.URLError, OSError) as exc:
+        raise ArtifactError(f"downloading {url} failed: {exc}") from exc

@@ -29,7 +29,7 @@ from kvrank.cache.tiered import TieredCache
 from kvrank.cache.ttl import TTLSettings
 from kvrank.errors import IncompatibleKVError, InputError
 from kvrank.metrics import Metrics
-from kvrank.model.artifact import load_model
+from kvrank.model.artifact import load_model, resolve_artifact
 from kvrank.server.config import ServerConfig, TTLConfig, read_file, redis_password
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
 from kvrank.service import RankingService, ServiceSettings
@@ -57,7 +57,7 @@ class AppState:
 
 
 def build_service(cfg: ServerConfig) -> RankingService:
-    model = load_model(Path(cfg.model_dir), cfg.device)
+    model = load_model(resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir)), cfg.device)
     l2 = None
     if cfg.redis.url:
         l2 = RedisTier(

@@ -39,7 +39,12 @@ class TTLConfig(BaseModel):
 
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_dir: str = Field("artifacts/quick", description="Artifact directory.")
+    model_dir: str = Field(
+        "artifacts/quick", description="Artifact directory, or an http(s):// URL to download."
+    )
+    model_cache_dir: str = Field(
+        "/tmp/kvrank-models", description="Where artifacts given by URL are downloaded."
+    )
     device: str = "cpu"
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None
@@ -73,6 +78,7 @@ class ServerConfig(BaseModel):
 ENV_PREFIX = "KVRANK_"
 ENV_FIELDS = {
     "MODEL_DIR": ("model_dir",),
+    "MODEL_CACHE_DIR": ("model_cache_dir",),
     "DEVICE": ("device",),
     "NAMESPACE": ("namespace",),
     "KV_DTYPE": ("kv_dtype",),

@@ -56,3 +56,68 @@ def test_pickled_weights_are_not_loaded(factory, tiny_cfg, tmp_path) -> None:
     torch.save({"x": torch.zeros(1)}, tmp_path / "model.safetensors")  # a pickle in disguise
     with pytest.raises(ArtifactError):
         load_model(tmp_path)
+
+
+# ------------------------------------------------------------------ artifacts by URL
+@pytest.fixture
+def http_dir():
+    """Serve a directory over HTTP on loopback; yields (root, base URL, request log)."""
+    import functools
+    import http.server
+    import threading
+
+    served: list[str] = []
+
+    def serve(root):
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                served.append(self.path)
+
+        handler = functools.partial(Handler, directory=str(root))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", served
+
+    servers: list = []
+    yield serve
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_url_artifact_is_downloaded_once_and_scores_identically(
+    factory, tiny_cfg, tmp_path, http_dir
+) -> None:
+    from kvrank.model.artifact import resolve_artifact
+
+    model = factory.model(tiny_cfg, version="v9")
+    save_model(model, tmp_path / "site" / "models" / "v9")
+    base, served = http_dir(tmp_path / "site")
+    url = f"{base}/models/v9"
+    local = resolve_artifact(url, tmp_path / "cache")
+    assert local.parent == tmp_path / "cache"
+    loaded = load_model(local)
+    user, cands = factory.user(tiny_cfg, 9, 2), factory.candidates(tiny_cfg, 4, 2)
+    assert torch.equal(
+        loaded.score(loaded.encode_user(user), cands), model.score(model.encode_user(user), cands)
+    )
+    assert len(served) == 2
+    assert resolve_artifact(url, tmp_path / "cache") == local
+    assert len(served) == 2, "a complete download is reused"
+    assert resolve_artifact(str(tmp_path / "site"), tmp_path / "cache") == tmp_path / "site"
+
+
+def test_url_artifact_errors_are_clear_and_leave_nothing_half_written(
+    factory, tiny_cfg, tmp_path, http_dir
+) -> None:
+    from kvrank.model.artifact import resolve_artifact
+
+    save_model(factory.model(tiny_cfg), tmp_path / "site" / "m")
+    (tmp_path / "site" / "m" / "config.json").unlink()  # weights arrive, config is missing
+    base, _ = http_dir(tmp_path / "site")
+    with pytest.raises(ArtifactError, match=r"config\.json.*(404|Not Found)"):
+        resolve_artifact(f"{base}/m", tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+    with pytest.raises(ArtifactError, match="scheme 's3' is not supported"):
+        resolve_artifact("s3://bucket/m", tmp_path / "cache")
