@@ -59,6 +59,9 @@ e2e: venv services kube-bins ## The end-to-end scenarios on the local backend on
 	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q e2e/test_e2e.py
 
 e2e-kind: venv ## The end-to-end scenarios on kind (needs Docker, kind, kubectl, helm): builds and loads the images
+	@for tool in docker kind kubectl helm; do command -v $$tool >/dev/null || \
+	  { echo "make e2e-kind needs '$$tool' on PATH"; exit 2; }; done
+	@docker info >/dev/null 2>&1 || { echo "make e2e-kind needs a running Docker engine (docker info failed)"; exit 2; }
 	KVRANK_E2E_BACKEND=kind $(PY) -m pytest -q e2e/test_e2e.py
 
 demo: venv ## Train or load the small model and show what the cache saves

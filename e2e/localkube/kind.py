@@ -30,7 +30,7 @@ class KindCluster(ClusterTools):
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         for tool in ("kind", "kubectl", "helm", "docker"):
             if shutil.which(tool) is None:
-                raise RuntimeError(f"KVRANK_CLUSTER=kind needs '{tool}' on PATH")
+                raise RuntimeError(f"a kind cluster needs '{tool}' on PATH")
 
     def start(self, timeout: float = 300.0) -> KindCluster:
         MODELS_MOUNT.mkdir(parents=True, exist_ok=True)  # kind-config.yaml mounts it
