@@ -311,6 +311,34 @@ def purge_job(spec: RankerSpec, instance: str, namespace: str, cache_ns: str) ->
     }
 
 
+def bootstrap_script(replicas_per_shard: int) -> str:
+    """Forms the managed Redis Cluster from ``$NODES`` (``host:port`` …), idempotently: waits
+    for every node, does nothing when all 16384 slots are assigned, refuses to re-create
+    over a node that holds data, then ``redis-cli --cluster create`` and waits until every
+    node reports ``cluster_state:ok`` (the Job's success means the cluster is usable)."""
+    return (
+        'set -eu\nA="-a $REDIS_PASSWORD --no-auth-warning"\n'
+        'for h in $NODES; do until redis-cli $A -h "${h%:*}" -p "${h##*:}" ping; do sleep 2;'
+        " done; done\n"
+        'first="${NODES%% *}"\n'
+        'if redis-cli $A -h "${first%:*}" -p "${first##*:}" cluster info'
+        ' | grep -q "cluster_slots_assigned:16384"; then\n'
+        '  echo "cluster already formed: nothing to do"; exit 0; fi\n'
+        "for h in $NODES; do\n"
+        '  keys=$(redis-cli $A -h "${h%:*}" -p "${h##*:}" dbsize)\n'
+        '  if [ "$keys" != "0" ]; then\n'
+        '    echo "node $h holds $keys keys: refusing to re-create"; exit 1; fi\n'
+        "done\n"
+        f"redis-cli $A --cluster create $NODES --cluster-replicas {replicas_per_shard}"
+        " --cluster-yes\n"
+        # done means usable: every node has agreed on the new configuration
+        "for h in $NODES; do\n"
+        '  until redis-cli $A -h "${h%:*}" -p "${h##*:}" cluster info'
+        ' | grep -q "cluster_state:ok"; do sleep 1; done; done\n'
+        'echo "cluster formed"\n'
+    )
+
+
 def managed_redis(
     spec: RankerSpec, instance: str, namespace: str, password: str
 ) -> list[dict[str, Any]]:
@@ -399,20 +427,7 @@ def managed_redis(
     hosts = " ".join(
         f"{name}-{i}.{name}-headless.{namespace}.svc:{REDIS_PORT}" for i in range(nodes)
     )
-    bootstrap = (
-        'set -eu\nA="-a $REDIS_PASSWORD --no-auth-warning"\n'
-        f'for h in {hosts}; do until redis-cli $A -h "${{h%:*}}" ping; do sleep 2; done; done\n'
-        f'first="{name}-0.{name}-headless.{namespace}.svc"\n'
-        'if redis-cli $A -h "$first" cluster info | grep -q "cluster_slots_assigned:16384"; then\n'
-        '  echo "cluster already formed: nothing to do"; exit 0; fi\n'
-        f"for h in {hosts}; do\n"
-        '  keys=$(redis-cli $A -h "${h%:*}" dbsize)\n'
-        '  if [ "$keys" != "0" ]; then\n'
-        '    echo "node $h holds $keys keys: refusing to re-create"; exit 1; fi\n'
-        "done\n"
-        f"redis-cli $A --cluster create {hosts}"
-        f" --cluster-replicas {r.replicas_per_shard} --cluster-yes\n"
-    )
+    bootstrap_env = [*auth_env, {"name": "NODES", "value": hosts}]
     return [
         {
             "apiVersion": "v1",
@@ -457,8 +472,8 @@ def managed_redis(
                             {
                                 "name": "bootstrap",
                                 "image": r.image,
-                                "env": auth_env,
-                                "command": ["sh", "-c", bootstrap],
+                                "env": bootstrap_env,
+                                "command": ["sh", "-c", bootstrap_script(r.replicas_per_shard)],
                             }
                         ],
                     },

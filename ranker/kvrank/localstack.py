@@ -50,6 +50,7 @@ class RedisServer:
     port: int
     workdir: Path
     cluster: bool = False
+    password: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,6 +79,8 @@ class RedisServer:
             "--logfile",
             str(self.workdir / "redis.log"),
         ]
+        if self.password:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
         if self.cluster:
             args += [
                 "--cluster-enabled",
@@ -106,7 +109,13 @@ class RedisServer:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["redis-cli", "-p", str(self.port), *args],
+            [
+                "redis-cli",
+                "-p",
+                str(self.port),
+                *(["-a", self.password, "--no-auth-warning"] if self.password else []),
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=30,
