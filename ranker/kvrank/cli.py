@@ -21,6 +21,7 @@ cache_app = typer.Typer(help="Cache administration (purge a namespace, invalidat
 app.add_typer(cache_app, name="cache")
 
 PROFILES = ("quick", "seed")
+TRAIN_PROFILES = ("quick", "seed", "seed-compact")
 
 
 @app.command()
@@ -28,15 +29,24 @@ def train(
     out: Annotated[Path, typer.Option(help="Artifact directory to write.")] = Path(
         "artifacts/quick"
     ),
-    profile: Annotated[str, typer.Option(help="Model size: quick or seed.")] = "quick",
+    profile: Annotated[
+        str, typer.Option(help="Model size: quick, seed, or seed-compact (pyramid + 2 layers).")
+    ] = "quick",
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 300,
     version: Annotated[str, typer.Option(help="Model version string.")] = "v1",
     seed: Annotated[int, typer.Option(help="Synthetic-world seed.")] = 0,
+    batch_users: Annotated[int, typer.Option(min=1, help="Users per optimizer step.")] = 32,
+    time_budget: Annotated[
+        float, typer.Option(min=1, help="Stop after this many seconds with what was learnt.")
+    ] = 110.0,
 ) -> None:
-    """Train the ranker on synthetic data, report held-out AUC, write an artifact."""
+    """Train the ranker on synthetic data, report held-out AUC (and from INT8 K/V), write an
+    artifact."""
     from kvrank.jobs import train_and_save
 
-    train_and_save(out, profile, steps, version, seed)
+    if profile not in TRAIN_PROFILES:
+        raise typer.BadParameter(f"profile must be one of {TRAIN_PROFILES}", param_hint="--profile")
+    train_and_save(out, profile, steps, version, seed, batch_users, time_budget)
 
 
 @app.command()

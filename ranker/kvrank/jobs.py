@@ -17,22 +17,36 @@ from rich.table import Table
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import save_model
-from kvrank.model.config import QUICK, SEED, ModelConfig
+from kvrank.model.config import QUICK, SEED, SEED_COMPACT, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.train import TrainSettings, evaluate, held_out, train
 
 console = Console()
-PROFILE_CONFIGS: dict[str, ModelConfig] = {"quick": QUICK, "seed": SEED}
+PROFILE_CONFIGS: dict[str, ModelConfig] = {
+    "quick": QUICK,
+    "seed": SEED,
+    "seed-compact": SEED_COMPACT,
+}
 
 
-def train_and_save(out: Path, profile: str, steps: int, version: str, seed: int) -> RankerModel:
+def train_and_save(
+    out: Path,
+    profile: str,
+    steps: int,
+    version: str,
+    seed: int,
+    batch_users: int = 32,
+    time_budget_s: float = 110.0,
+) -> RankerModel:
     cfg = PROFILE_CONFIGS[profile]
     start = time.monotonic()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"training {profile} model", total=steps)
         model = train(
             cfg,
-            TrainSettings(steps=steps, seed=seed),
+            TrainSettings(
+                steps=steps, seed=seed, batch_users=batch_users, time_budget_s=time_budget_s
+            ),
             version,
             progress=lambda step, loss: bar.update(
                 task, completed=step + 1, description=f"training (loss {loss:.3f})"
@@ -41,10 +55,26 @@ def train_and_save(out: Path, profile: str, steps: int, version: str, seed: int)
     elapsed = time.monotonic() - start
     data = held_out(SyntheticWorld(cfg, seed), 300, 16)
     result = evaluate(lambda u, c: model.score(model.encode_user(u.features), c), data)
-    save_model(model, out, {"auc": result.auc, "logloss": result.logloss, "train_s": elapsed})
+    # the same held-out impressions scored from INT8 K/V: what quantising the cache costs
+    int8 = evaluate(lambda u, c: model.score(model.encode_user(u.features, "int8"), c), data)
+    save_model(
+        model,
+        out,
+        {
+            "auc": result.auc,
+            "logloss": result.logloss,
+            "auc_int8_kv": int8.auc,
+            "auc_delta_int8": int8.auc - result.auc,
+            "train_s": elapsed,
+            "steps": steps,
+            "batch_users": batch_users,
+            "profile": profile,
+        },
+    )
     console.print(
-        f"trained in {elapsed:.0f} s — held-out AUC {result.auc:.3f}, log-loss"
-        f" {result.logloss:.3f} over {result.n} impressions → {out}"
+        f"trained in {elapsed:.0f} s — held-out AUC {result.auc:.4f}, log-loss"
+        f" {result.logloss:.3f} over {result.n} impressions; from INT8 K/V AUC {int8.auc:.4f}"
+        f" (Δ {int8.auc - result.auc:+.5f}) → {out}"
     )
     return model
 

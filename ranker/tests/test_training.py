@@ -55,3 +55,24 @@ def test_synthetic_world_is_deterministic() -> None:
     a, b = SyntheticWorld(SMALL, 3).user(17), SyntheticWorld(SMALL, 3).user(17)
     assert np.array_equal(a.features.events.item_ids.numpy(), b.features.events.item_ids.numpy())
     assert a.activity == b.activity
+
+
+def test_kvrank_train_reports_the_int8_cost_and_rejects_unknown_profiles(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from kvrank.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["train", "--profile", "huge", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "profile must be one of" in bad.output
+    out = tmp_path / "m"
+    ok = runner.invoke(
+        app,
+        ["train", "--steps", "3", "--batch-users", "4", "--out", str(out)],
+        catch_exceptions=False,
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "from INT8 K/V AUC" in " ".join(ok.output.split())  # rich wraps long lines
+    extra = json.loads((out / "config.json").read_text())["extra"]
+    assert extra["steps"] == 3 and extra["batch_users"] == 4 and extra["profile"] == "quick"
+    assert extra["auc_delta_int8"] == extra["auc_int8_kv"] - extra["auc"]

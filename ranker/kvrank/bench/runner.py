@@ -29,7 +29,7 @@ from kvrank.bench import flops
 from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
-from kvrank.model.config import QUICK, SEED, ModelConfig
+from kvrank.model.config import QUICK, SEED, SEED_COMPACT, ModelConfig
 from kvrank.model.inputs import Events
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
@@ -67,9 +67,7 @@ PROFILES = {
         slow_reps=1,
         train_steps=0,
         eval_users=60,
-        compact=SEED.model_copy(
-            update={"pyramid": (1024, 512, 256, 128, 64, 16), "candidate_layers": 2}
-        ),
+        compact=SEED_COMPACT,
     ),
 }
 

@@ -116,3 +116,9 @@ SEED = ModelConfig(
     emb_dim=64,
 )
 """The brief's seed size (OneTrans_S-like): L=6, d=256, 4 heads, 1500 user tokens."""
+
+SEED_COMPACT = SEED.model_copy(
+    update={"pyramid": (1024, 512, 256, 128, 64, 16), "candidate_layers": 2}
+)
+"""Seed size with the memory-saving choices: a pyramid schedule and candidates in the top
+2 layers only (the cache then holds 2 layers' K/V, of at most 64 user rows)."""
