@@ -199,6 +199,15 @@ class RankingService:
                 self.metrics.flight.labels(**self.metrics.lbl(), event="remote_timeout").inc()
             if token == HELD:
                 token = None
+            elif token is not None:
+                # double-checked: a peer may have encoded, stored and unlocked between our
+                # L2 miss and our lock; its entry is then there and nothing is recomputed
+                stored = await self.cache.get_l2(key)
+                if stored is not None:
+                    await l2.release(key.lock_key(), token)
+                    self.metrics.flight.labels(**self.metrics.lbl(), event="remote_hit").inc()
+                    self.cache.l1.put(key.to_string(), stored, ttl)
+                    return _Resolved(stored, "l2")
         try:
             t = time.perf_counter()
             kv: UserKV = await self.run_model(self.model.encode_user, user, self.settings.kv_dtype)
