@@ -50,6 +50,7 @@ CHART = ROOT / "charts" / "kvrank-operator"
 NS = "kvrank-e2e"
 OPERATOR_NS = "kvrank-system"
 RELEASE = "kvrank"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator"
 RANKER_IMAGE = "ghcr.io/kvrank/ranker"
 OPERATOR_IMAGE = "ghcr.io/kvrank/operator"
 MODEL_CONFIG = ModelConfig(
@@ -94,6 +95,32 @@ class Stack:
 
     cluster: LocalCluster | KindCluster
     backend: str
+    chart_values: tuple[str, ...] = ()
+    """``--set`` values for ``helm install`` on this backend."""
+    install_timeout_s = 120
+
+    def __init__(self) -> None:
+        self._rr = itertools.count()
+        self._routes: dict[str, tuple[float, list[str]]] = {}
+
+    # ------------------------------------------------------------------ the operator
+    def install_operator(self) -> None:
+        values = [arg for v in self.chart_values for arg in ("--set", v)]
+        self.cluster.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            OPERATOR_NS,
+            "--create-namespace",
+            *values,
+            "--wait",
+            f"--timeout={self.install_timeout_s}s",
+        )
+
+    def kill_operator(self) -> None:
+        """Delete the operator pod; its Deployment starts a new one."""
+        self.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "--wait=false")
 
     # ------------------------------------------------------------------ kubectl
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
@@ -118,7 +145,7 @@ class Stack:
             "-n",
             OPERATOR_NS,
             "-l",
-            "app.kubernetes.io/name=kvrank-operator",
+            OPERATOR_SELECTOR,
             f"--tail={lines}",
             check=False,
         )
@@ -138,12 +165,9 @@ class Stack:
                 ).splitlines()[-25:]
             ),
             "--- operator log ---",
-            self._operator_log(),
+            self.operator_log(),
         ]
         return "\n".join(parts)
-
-    def _operator_log(self) -> str:
-        return self.operator_log()
 
     def wait_for(self, cond: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
         return wait_for(cond, what, timeout, self.report)
@@ -187,14 +211,11 @@ class Stack:
         """The ``/metrics`` text of every ready pod behind ``service``."""
         return [httpx.get(f"{u}/metrics", timeout=10).text for u in self.base_urls(service)]
 
-    def __init__(self) -> None:
-        self._rr = itertools.count()
-        self._routes: dict[str, tuple[float, list[str]]] = {}
-
 
 # ====================================================================== local
 class LocalStack(Stack):
     backend = "local"
+    chart_values = ("logLevel=INFO",)
 
     def __init__(self, workdir: Path) -> None:
         super().__init__()
@@ -246,20 +267,6 @@ class LocalStack(Stack):
         if self.redis is not None:
             self.redis.stop()
         self.cluster.stop()
-
-    def install_operator(self) -> None:
-        self.cluster.helm(
-            "install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NS,
-            "--create-namespace",
-            "--set",
-            "logLevel=INFO",
-            "--wait",
-            "--timeout=120s",
-        )
 
     def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Models from a hostPath volume; L2 is the local Redis Cluster (external mode)."""
@@ -319,21 +326,10 @@ class LocalStack(Stack):
 
         return restore
 
-    def kill_operator(self) -> None:
-        self.kubectl(
-            "delete",
-            "pod",
-            "-n",
-            OPERATOR_NS,
-            "-l",
-            "app.kubernetes.io/name=kvrank-operator",
-            "--wait=false",
-        )
-
-    def _operator_log(self) -> str:
-        # no kubelet API here (kubectl logs): the process node has the containers' logs
+    def operator_log(self, lines: int = 60) -> str:
+        # no kubelet API here (kubectl logs): the process node has every container's log
         assert self.node is not None
-        return self.node.logs(20)
+        return self.node.logs(lines // 3)
 
     def _start_prometheus(self) -> None:
         """Prometheus discovers the ranker pods through the API server, as in a cluster."""
@@ -504,6 +500,8 @@ KIND_TAG = os.environ.get("KVRANK_E2E_TAG", "e2e")
 
 class KindStack(Stack):
     backend = "kind"
+    chart_values = (f"image.tag={KIND_TAG}", "image.pullPolicy=Never")
+    install_timeout_s = 300
 
     def __init__(self, workdir: Path) -> None:
         super().__init__()
@@ -536,22 +534,6 @@ class KindStack(Stack):
         for proc, _ in self.forwards.values():
             proc.terminate()
         self.cluster.stop()
-
-    def install_operator(self) -> None:
-        self.cluster.helm(
-            "install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NS,
-            "--create-namespace",
-            "--set",
-            f"image.tag={KIND_TAG}",
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout=300s",
-        )
 
     def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Models from the node's /kvrank-models; managed Redis; the locally built image."""
@@ -617,11 +599,6 @@ class KindStack(Stack):
         pod = self._redis_pods()[-1]
         self.kubectl("delete", "pod", "-n", NS, pod, "--grace-period=0", "--force")
         return lambda: None  # the StatefulSet brings it back
-
-    def kill_operator(self) -> None:
-        self.kubectl(
-            "delete", "pod", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kvrank-operator"
-        )
 
 
 def stack_from_env(workdir: Path) -> LocalStack | KindStack:

@@ -24,6 +24,7 @@ from stack import (
     MODEL_CONFIG,
     NS,
     OPERATOR_NS,
+    OPERATOR_SELECTOR,
     KindStack,
     LocalStack,
     metric_values,
@@ -385,14 +386,14 @@ def test_08_invalid_specs_are_rejected_or_reported_and_nothing_is_deleted(
 def test_09_operator_killed_mid_rollout_converges(stack: LocalStack | KindStack) -> None:
     doc = canary_spec(stack, "v3", weight=40)
     doc["spec"]["model"].update(version="v2", uri="/models/feed-ranker/v2")
-    before = stack.list("pods", "app.kubernetes.io/name=kvrank-operator", OPERATOR_NS)
+    before = stack.list("pods", OPERATOR_SELECTOR, OPERATOR_NS)
     stack.apply(doc)
     stack.wait_for(lambda: stack.get("deployment", "feed-ranker-v3"), "the rollout started", 60)
     stack.kill_operator()  # v3's pods are still starting: the rollout is half done
     stack.wait_for(
         lambda: [
             p
-            for p in stack.list("pods", "app.kubernetes.io/name=kvrank-operator", OPERATOR_NS)
+            for p in stack.list("pods", OPERATOR_SELECTOR, OPERATOR_NS)
             if p["metadata"]["uid"] not in {b["metadata"]["uid"] for b in before}
         ],
         "a new operator pod",

@@ -193,9 +193,7 @@ class RankingService:
                     lambda: self.cache.get_l2(key), self.settings.lock_wait_s
                 )
                 if peer is not None:
-                    self.metrics.flight.labels(**self.metrics.lbl(), event="remote_hit").inc()
-                    self.cache.l1.put(key.to_string(), peer, ttl)
-                    return _Resolved(peer, "l2")
+                    return self._peer_entry(key, peer, ttl)
                 self.metrics.flight.labels(**self.metrics.lbl(), event="remote_timeout").inc()
             if token == HELD:
                 token = None
@@ -205,9 +203,7 @@ class RankingService:
                 stored = await self.cache.get_l2(key)
                 if stored is not None:
                     await l2.release(key.lock_key(), token)
-                    self.metrics.flight.labels(**self.metrics.lbl(), event="remote_hit").inc()
-                    self.cache.l1.put(key.to_string(), stored, ttl)
-                    return _Resolved(stored, "l2")
+                    return self._peer_entry(key, stored, ttl)
         try:
             t = time.perf_counter()
             kv: UserKV = await self.run_model(self.model.encode_user, user, self.settings.kv_dtype)
@@ -218,6 +214,12 @@ class RankingService:
             if token is not None and l2 is not None:
                 await l2.release(key.lock_key(), token)
         return _Resolved(kv, "miss")
+
+    def _peer_entry(self, key: CacheKey, kv: UserKV, ttl: float) -> _Resolved:
+        """Another pod's encode, found in L2: counted, kept in L1, served."""
+        self.metrics.flight.labels(**self.metrics.lbl(), event="remote_hit").inc()
+        self.cache.l1.put(key.to_string(), kv, ttl)
+        return _Resolved(kv, "l2")
 
     def _lookup(self, tier: str, result: str) -> None:
         self.metrics.lookups.labels(**self.metrics.lbl(), tier=tier, result=result).inc()
