@@ -39,6 +39,9 @@ def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | N
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(directory / WEIGHTS_FILE))
+    # safetensors creates the file 0600; give it the mode any new file gets (umask), so a
+    # ranker running as another user (uid 10001 in the image) can read a mounted artifact
+    (directory / WEIGHTS_FILE).chmod(0o666 & ~_umask())
     doc = {
         "format": ARTIFACT_FORMAT,
         "model_version": model.version,
@@ -47,6 +50,12 @@ def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | N
     }
     (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     return directory
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> RankerModel:

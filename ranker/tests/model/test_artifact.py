@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -24,6 +25,18 @@ def test_round_trip_scores_identically(factory, tiny_cfg, tmp_path) -> None:
         "config.json",
         "model.safetensors",
     ]
+
+
+def test_saved_files_take_the_umask_mode(factory, tiny_cfg, tmp_path) -> None:
+    """The ranker image runs as uid 10001: an artifact written by another user under the
+    usual umask must stay readable to it (safetensors alone creates the weights 0600)."""
+    previous = os.umask(0o022)
+    try:
+        save_model(factory.model(tiny_cfg), tmp_path / "m")
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
 
 
 def test_missing_weights(factory, tiny_cfg, tmp_path) -> None:
