@@ -15,6 +15,9 @@ PHASE := scripts/phase.sh
 CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
 
 IMAGE_TAG ?= 0.1.0
+# The Dockerfiles' base; images/local-python-base.sh builds a stand-in where Docker Hub is unreachable.
+PYTHON_IMAGE ?= python:3.11-slim
+DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
 .PHONY: help venv services kube-bins lint test test-only demo bench bench-seed train \
@@ -39,8 +42,8 @@ kube-bins: ## Build (or reuse) etcd, kube-apiserver, kwok, helm … from Go modu
 	@bash e2e/localkube/build.sh >/dev/null
 
 lint: venv ## ruff, mypy --strict, import-linter contracts
-	$(VENV)/bin/ruff check ranker operator e2e
-	$(VENV)/bin/ruff format --check ranker operator e2e
+	$(VENV)/bin/ruff check ranker operator e2e images
+	$(VENV)/bin/ruff format --check ranker operator e2e images
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -82,11 +85,13 @@ cluster-up: venv kube-bins ## Start a local control plane (no Docker); prints ex
 cluster-down: ## Stop the control plane started by cluster-up
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker and operator images (needs a Docker engine)
+images: ## Build the ranker and operator images (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
-	docker build -f images/ranker/Dockerfile -t ghcr.io/kvrank/ranker:$(IMAGE_TAG) .
-	docker build -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+	  -f images/ranker/Dockerfile -t ghcr.io/kvrank/ranker:$(IMAGE_TAG) .
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+	  -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \

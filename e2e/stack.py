@@ -513,16 +513,9 @@ class KindStack(Stack):
     def start(self) -> KindStack:
         self.cluster.start()
         try:
-            for image, dockerfile in (
-                (RANKER_IMAGE, "images/ranker/Dockerfile"),
-                (OPERATOR_IMAGE, "images/operator/Dockerfile"),
-            ):
-                if os.environ.get("KVRANK_E2E_SKIP_BUILD") != "1":
-                    subprocess.run(
-                        ["docker", "build", "-f", dockerfile, "-t", f"{image}:{KIND_TAG}", "."],
-                        cwd=ROOT,
-                        check=True,
-                    )
+            if os.environ.get("KVRANK_E2E_SKIP_BUILD") != "1":
+                subprocess.run(["make", "images", f"IMAGE_TAG={KIND_TAG}"], cwd=ROOT, check=True)
+            for image in (RANKER_IMAGE, OPERATOR_IMAGE):
                 self.cluster.load_image(f"{image}:{KIND_TAG}")
             self.kubectl("create", "namespace", NS)
         except BaseException:

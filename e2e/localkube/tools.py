@@ -6,9 +6,11 @@ here is then the same for the local control plane and kind.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -38,6 +40,35 @@ class ClusterTools:
             "HELM_DATA_HOME": str(self.workdir / "helm/data"),
         }
         return _run([self.helm_bin, *args], "helm", args, check, env=env, timeout=600)
+
+    def apply_chart_without_workloads(
+        self, chart: Path, release: str, namespace: str, *helm_args: str
+    ) -> list[dict[str, Any]]:
+        """``helm template`` ``chart`` and apply all but its Deployments (tests run those
+        themselves: as a process, or as a container); wait until its CRDs are Established.
+        Returns every rendered document, Deployments included."""
+        rendered = self.helm(
+            "template",
+            release,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--include-crds",
+            *helm_args,
+        ).stdout
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        rest = [d for d in docs if d["kind"] != "Deployment"]
+        self.kubectl("create", "namespace", namespace, check=False)
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rest}),
+        )
+        for crd in (d for d in docs if d["kind"] == "CustomResourceDefinition"):
+            name = crd["metadata"]["name"]
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+        return docs
 
     def service_account_kubeconfig(self, namespace: str, name: str, duration_s: int = 3600) -> Path:
         """Mint a token for ``namespace/name`` (TokenRequest) and write a kubeconfig for it:

@@ -61,23 +61,8 @@ def start_operator(kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
 
 @pytest.fixture(scope="module")
 def operator_process(cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    rendered = cluster.helm(
-        "template",
-        "kvrank",
-        str(CHART),
-        "--namespace",
-        "kvrank-system",
-        "--include-crds",
-        "--kube-version",
-        "1.37.2",
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Deployment"]
-    cluster.kubectl("create", "namespace", "kvrank-system", check=False)
-    cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
-    )
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/rankerdeployments.kvrank.io"
+    cluster.apply_chart_without_workloads(
+        CHART, "kvrank", "kvrank-system", "--kube-version", "1.37.2"
     )
     cluster.kubectl("create", "namespace", NS, check=False)
     kubeconfig = cluster.service_account_kubeconfig("kvrank-system", "kvrank-kvrank-operator")
