@@ -346,9 +346,12 @@ class ProcessNode:
         if entry is None:
             c.simulated = True
             return
-        # like a container runtime: `command` replaces the entrypoint, `args` follow it
-        cmd = [*(c.spec.get("command") or entry), *(c.spec.get("args") or [])]
-        cmd = [self._translate(run, c, a) for a in cmd]
+        # like a container runtime: `command` replaces the entrypoint, `args` follow it; only
+        # the pod's own words are container paths (the entrypoint is a host path, which may
+        # well lie under a mountPath such as /tmp)
+        spec_cmd = [self._translate(run, c, a) for a in c.spec.get("command") or []]
+        args = [self._translate(run, c, a) for a in c.spec.get("args") or []]
+        cmd = [*(spec_cmd or entry), *args]
         env = self._env(run, c)
         out = (run.root / f"{c.name}.log").open("ab")
         try:

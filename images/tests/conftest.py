@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine import ROOT, TAG, Docker, Images, python_base
+from engine import TAG, Docker, Images, build_step, python_base
 from localkube.processes import die_with_parent
 
 
@@ -83,7 +83,7 @@ def unmount_below(folder: Path) -> None:
 def images(docker: Docker) -> Images:
     """Both images, built from this working tree by the Makefile's own target."""
     base = python_base(docker)
-    out = subprocess.run(
+    build_step(
         [
             "make",
             "--no-print-directory",
@@ -92,14 +92,9 @@ def images(docker: Docker) -> Images:
             f"PYTHON_IMAGE={base}",
             "DOCKER_BUILD_FLAGS=--network=host",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=docker.env,
-        timeout=2400,
+        docker.env,
+        2400,
     )
-    if out.returncode != 0:
-        raise AssertionError(f"make images failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     # kvrank images that this build untagged would pile up (gigabytes each) in a reused data
     # root; the dependency layers under the new tags stay as cache
     docker("image", "prune", "--force", "--filter", "label=org.opencontainers.image.vendor=kvrank")

@@ -49,13 +49,15 @@ def python_base(docker: Docker) -> str:
         return UPSTREAM_BASE
     if docker("pull", UPSTREAM_BASE, check=False, timeout=600).returncode == 0:
         return UPSTREAM_BASE
-    out = subprocess.run(
-        ["bash", str(ROOT / "images" / "local-python-base.sh")],
-        capture_output=True,
-        text=True,
-        env=docker.env,
-        timeout=900,
-    )
+    script = str(ROOT / "images" / "local-python-base.sh")
+    return build_step(["bash", script], docker.env, 900).strip().splitlines()[-1]
+
+
+def build_step(cmd: list[str], env: dict[str, str], timeout: float) -> str:
+    """Run ``cmd`` from the repository root; its stdout, or an error showing both streams."""
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
     if out.returncode != 0:
-        raise AssertionError(f"local-python-base.sh failed:\n{out.stderr[-4000:]}")
-    return out.stdout.strip().splitlines()[-1]
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
+    return out.stdout
