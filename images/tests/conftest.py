@@ -98,4 +98,4 @@ def images(docker: Docker) -> Images:
     # kvrank images that this build untagged would pile up (gigabytes each) in a reused data
     # root; the dependency layers under the new tags stay as cache
     docker("image", "prune", "--force", "--filter", "label=org.opencontainers.image.vendor=kvrank")
-    return Images(f"ghcr.io/kvrank/ranker:{TAG}", f"ghcr.io/kvrank/operator:{TAG}", base)
+    return Images(f"ghcr.io/kvrank/ranker:{TAG}", f"ghcr.io/kvrank/operator:{TAG}")

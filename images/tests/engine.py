@@ -40,7 +40,6 @@ class Docker:
 class Images:
     ranker: str
     operator: str
-    base: str
 
 
 def python_base(docker: Docker) -> str:

@@ -23,7 +23,7 @@ import torch
 import yaml
 from engine import ROOT, Docker, Images
 from pod_container import docker_run_args
-from stack import MODEL_CONFIG, write_models
+from stack import MODEL_CONFIG, wait_for, write_models
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.localstack import RedisServer, free_port
@@ -38,17 +38,6 @@ NS = "img-test"
 OPERATOR_NS = "kvimg-system"
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float, logs: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            value = cond()
-            if value:
-                return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs()}")
-
-
 @contextlib.contextmanager
 def container(docker: Docker, args: list[str]) -> Iterator[str]:
     """Start a container from ``docker run -d`` args; always removed, logs shown on failure."""
@@ -57,7 +46,7 @@ def container(docker: Docker, args: list[str]) -> Iterator[str]:
     try:
         yield name
     except BaseException:
-        print(f"--- docker logs {name} ---\n{docker('logs', name, check=False).stdout[-6000:]}")
+        print(logs_of(docker, name)())
         raise
     finally:
         docker("rm", "-f", name, check=False)
@@ -79,12 +68,19 @@ def running(docker: Docker, name: str) -> bool:
     return True
 
 
+def answers(url: str) -> bool:
+    """``GET url`` is 200 (not yet listening counts as no)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def stop(docker: Docker, name: str) -> tuple[int, float]:
     """``docker stop`` with the pod's 30 s grace: (exit code, seconds it took)."""
     t0 = time.monotonic()
     docker("stop", "--time", "30", name, timeout=60)
-    code = int(docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout)
-    return code, time.monotonic() - t0
+    return int(docker.inspect(name)["State"]["ExitCode"]), time.monotonic() - t0
 
 
 def test_images_run_as_a_numeric_non_root_user(docker: Docker, images: Images) -> None:
@@ -234,7 +230,7 @@ def test_ranker_image_serves_under_the_operators_pod_spec(
         expected = model.forward_full(user, cands).sigmoid()
 
         def start(i: int) -> list[str]:
-            args = docker_run_args(
+            return docker_run_args(
                 pod,
                 "ranker",
                 images.ranker,
@@ -242,17 +238,13 @@ def test_ranker_image_serves_under_the_operators_pod_spec(
                 host_dirs={"config": config},
                 env={"KVRANK_PORT": str(ports[i])},  # host network: one port per "pod"
             )
-            return args
 
         with container(docker, start(0)) as first, container(docker, start(1)) as second:
             seen = []
             for name, port in ((first, ports[0]), (second, ports[1])):
                 url = f"http://127.0.0.1:{port}"
                 wait_for(
-                    lambda url=url, name=name: (
-                        running(docker, name)
-                        and httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-                    ),
+                    lambda url=url, name=name: running(docker, name) and answers(f"{url}/readyz"),
                     f"{name} /readyz",
                     180,
                     logs_of(docker, name),
