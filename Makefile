@@ -85,13 +85,15 @@ cluster-up: venv kube-bins ## Start a local control plane (no Docker); prints ex
 cluster-down: ## Stop the control plane started by cluster-up
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker and operator images (needs a Docker engine; PYTHON_IMAGE= to change the base)
+images: ## Build the ranker, operator and redis images (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
 	  -f images/ranker/Dockerfile -t ghcr.io/kvrank/ranker:$(IMAGE_TAG) .
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
 	  -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+	  -f images/redis/Dockerfile -t ghcr.io/kvrank/redis:$(IMAGE_TAG) images/redis
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \

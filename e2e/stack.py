@@ -1,31 +1,32 @@
 """The two backends the end-to-end scenarios run on, behind one interface.
 
-- :class:`LocalStack` (``KVRANK_E2E_BACKEND=local``, the default; runs in ``make test``): a
-  local control plane whose only node is a :class:`~localkube.proclet.ProcessNode`, so the
-  operator pod installed by ``helm install`` and every ranker and purge-Job pod run as real
-  local processes; a real Redis Cluster (redis-server processes) used through the
-  external-Redis mode; a real Prometheus that discovers the ranker pods through the API
-  server (``kubernetes_sd_configs``) and is the operator's TTL source.
+Both run the product as a user would: the images ``make images`` builds, the operator
+installed by ``helm install`` and running in-cluster, ranker pods created by the operator,
+a managed Redis Cluster formed by its bootstrap Job, model artifacts fetched by URL from an
+artifact-store pod (Pod Security ``restricted`` forbids hostPath volumes), and the test
+namespaces labelled ``pod-security.kubernetes.io/enforce: restricted``.
+
+- :class:`LocalStack` (``KVRANK_E2E_BACKEND=local``, the default; runs in ``make test``):
+  the local cluster with its real node (kubelet + containerd + runc, kube-proxy, CoreDNS,
+  kube-router); the images imported into the node's containerd; traffic to Service
+  ClusterIPs through kube-proxy, metrics straight from pod IPs; a real Prometheus (Debian's)
+  in the node's network namespace is the operator's TTL source.
 - :class:`KindStack` (``KVRANK_E2E_BACKEND=kind``; ``make e2e-kind``): a kind cluster, the
-  two images built and loaded, the chart installed, managed Redis, traffic through
-  ``kubectl port-forward``.
+  same images loaded with ``kind load``, traffic through ``kubectl port-forward``.
 
 A scenario only talks to the stack: install the operator, adapt a RankerDeployment to the
-backend (model volume, images, Redis), send scoring requests through a Service, count a
-cache namespace's keys in Redis, kill the operator or a Redis node, read a ranker's metrics.
+backend, send scoring requests through a Service, count a cache namespace's keys in Redis,
+kill the operator or a Redis pod, read the rankers' metrics.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
+import base64
 import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import yaml
-from localkube.kind import MODELS_MOUNT, KindCluster
+from localkube.engine import Docker, Images
+from localkube.kind import KindCluster
 from localkube.local import LocalCluster
-from localkube.processes import die_with_parent, free_port
-from localkube.proclet import ProcessNode
+from localkube.network import POD_GATEWAY
+from localkube.processes import free_port
 
-from kvrank.localstack import RedisCluster, free_port_pair, start_redis_cluster
+from kvrank.localstack import free_port_pair
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
@@ -51,8 +52,9 @@ NS = "kvrank-e2e"
 OPERATOR_NS = "kvrank-system"
 RELEASE = "kvrank"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator"
-RANKER_IMAGE = "ghcr.io/kvrank/ranker"
-OPERATOR_IMAGE = "ghcr.io/kvrank/operator"
+REDIS_SELECTOR = "app.kubernetes.io/component=redis"
+ARTIFACTS = "artifacts"
+ARTIFACTS_PORT = 8000
 MODEL_CONFIG = ModelConfig(
     d_model=16,
     n_heads=2,
@@ -65,6 +67,10 @@ MODEL_CONFIG = ModelConfig(
     profile_buckets=100,
 )
 """A small model: the scenarios test serving and operations, not ranking quality."""
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 
 
 def write_models(root: Path, versions: tuple[str, ...] = ("v1", "v2", "v3")) -> Path:
@@ -90,18 +96,128 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float, report: Callabl
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{report()}")
 
 
+SLOW_PREFIX = "/slow"
+SLOW_DELAY_S = 25
+ARTIFACT_SERVER = f"""
+import functools, http.server, time
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.startswith("{SLOW_PREFIX}/"):
+            time.sleep({SLOW_DELAY_S})
+            self.path = self.path[len("{SLOW_PREFIX}"):]
+        super().do_GET()
+handler = functools.partial(Handler, directory="/artifacts")
+http.server.ThreadingHTTPServer(("", {ARTIFACTS_PORT}), handler).serve_forever()
+"""
+"""Files under ``/artifacts``; below ``/slow/`` each answer waits ``SLOW_DELAY_S`` first
+(a model store far away, or a large model)."""
+
+
+def artifact_store(models: Path, image: str) -> list[dict[str, Any]]:
+    """An in-cluster HTTP artifact store serving ``models`` (a ConfigMap of the files and a
+    small HTTP server pod from the ranker image): model URIs work on any backend."""
+    files = sorted(p for p in models.rglob("*") if p.is_file())
+    keys = {p: re.sub(r"[^A-Za-z0-9._-]", ".", str(p.relative_to(models))) for p in files}
+    labels = {"app.kubernetes.io/name": ARTIFACTS}
+    pod_spec = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "http",
+                "image": image,
+                "command": ["python", "-c", ARTIFACT_SERVER],
+                "ports": [{"name": "http", "containerPort": ARTIFACTS_PORT}],
+                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
+                "volumeMounts": [{"name": "files", "mountPath": "/artifacts"}],
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+        "volumes": [
+            {
+                "name": "files",
+                "configMap": {
+                    "name": ARTIFACTS,
+                    "items": [
+                        {"key": keys[p], "path": str(p.relative_to(models))} for p in files
+                    ],
+                },
+            }
+        ],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": ARTIFACTS},
+            "binaryData": {keys[p]: base64.b64encode(p.read_bytes()).decode() for p in files},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": ARTIFACTS, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": ARTIFACTS},
+            "spec": {"selector": labels, "ports": [{"name": "http", "port": ARTIFACTS_PORT}]},
+        },
+    ]
+
+
 class Stack:
-    """What both backends share: kubectl helpers, Services → pod addresses, failure logs."""
+    """What both backends share: the operator, images, Redis, Services, failure reports."""
 
     cluster: LocalCluster | KindCluster
     backend: str
-    chart_values: tuple[str, ...] = ()
-    """``--set`` values for ``helm install`` on this backend."""
-    install_timeout_s = 120
+    install_timeout_s = 300
 
-    def __init__(self) -> None:
+    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
+        self.workdir = workdir
+        self.docker = docker
+        self.images = images
+        self.models = write_models(workdir / "models")
         self._rr = itertools.count()
         self._routes: dict[str, tuple[float, list[str]]] = {}
+
+    @property
+    def chart_values(self) -> tuple[str, ...]:
+        """``--set`` values for ``helm install``: the image this run built, never pulled."""
+        repo, tag = self.images.operator.rsplit(":", 1)
+        return ("logLevel=INFO", f"image.repository={repo}", f"image.tag={tag}",
+                "image.pullPolicy=Never")
+
+    # ------------------------------------------------------------------ setup
+    def start(self) -> Stack:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def prepare_namespaces(self) -> None:
+        """Both namespaces admit only ``restricted`` pods; then the artifact store."""
+        for ns in (NS, OPERATOR_NS):
+            self.kubectl("create", "namespace", ns)
+            self.kubectl("label", "namespace", ns, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+        docs = artifact_store(self.models, self.images.ranker)
+        self.kubectl(
+            "apply", "-n", NS, "-f", "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
+        )
+        self.kubectl("rollout", "status", "-n", NS, f"deployment/{ARTIFACTS}", "--timeout=300s")
 
     # ------------------------------------------------------------------ the operator
     def install_operator(self) -> None:
@@ -112,7 +228,6 @@ class Stack:
             str(CHART),
             "--namespace",
             OPERATOR_NS,
-            "--create-namespace",
             *values,
             "--wait",
             f"--timeout={self.install_timeout_s}s",
@@ -121,6 +236,39 @@ class Stack:
     def kill_operator(self) -> None:
         """Delete the operator pod; its Deployment starts a new one."""
         self.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "--wait=false")
+
+    def operator_log(self, lines: int = 60) -> str:
+        out = self.cluster.kubectl(
+            "logs", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, f"--tail={lines}", check=False
+        )
+        return out.stdout or out.stderr
+
+    # ------------------------------------------------------------------ the RankerDeployment
+    def model_uri(self, version: str, slow: bool = False) -> str:
+        """Where ``version``'s artifact is served; ``slow`` answers take ``SLOW_DELAY_S`` each."""
+        prefix = SLOW_PREFIX if slow else ""
+        return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/feed-ranker/{version}"
+
+    def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """This run's images, the artifact store's URL, a managed 3-master Redis Cluster."""
+        doc = json.loads(json.dumps(doc))
+        spec = doc["spec"]
+        spec["model"]["image"] = self.images.ranker
+        spec["model"]["uri"] = self.model_uri(spec["model"]["version"])
+        spec["model"].pop("volume", None)
+        cache = spec.setdefault("cache", {})
+        cache["l1Bytes"] = 64 * 2**20
+        cache["redis"] = {
+            "mode": "managed",
+            "shards": 3,
+            "replicasPerShard": 0,
+            "memory": "256Mi",
+            "image": self.images.redis,
+        }
+        return doc
+
+    def ttl_source(self) -> dict[str, Any]:
+        return {"type": "pods"}
 
     # ------------------------------------------------------------------ kubectl
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
@@ -139,18 +287,6 @@ class Stack:
             "apply", "-n", NS, "-f", "-", input=json.dumps(doc), check=check
         )
 
-    def operator_log(self, lines: int = 60) -> str:
-        out = self.cluster.kubectl(
-            "logs",
-            "-n",
-            OPERATOR_NS,
-            "-l",
-            OPERATOR_SELECTOR,
-            f"--tail={lines}",
-            check=False,
-        )
-        return out.stdout or out.stderr
-
     def report(self) -> str:
         """Objects, Events and logs that explain a failing scenario."""
         parts = [
@@ -161,8 +297,8 @@ class Stack:
             "--- events ---",
             "\n".join(
                 self.kubectl(
-                    "get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False
-                ).splitlines()[-25:]
+                    "get", "events", "-A", "--sort-by=.lastTimestamp", check=False
+                ).splitlines()[-30:]
             ),
             "--- operator log ---",
             self.operator_log(),
@@ -185,11 +321,12 @@ class Stack:
         return sorted(out)
 
     def base_urls(self, service: str) -> list[str]:
+        """Where a client sends requests for ``service``."""
         raise NotImplementedError
 
-    def canary_uri(self, version: str) -> str:
-        """Where a canary's artifact is: a path in the model volume unless overridden."""
-        return f"/models/feed-ranker/{version}"
+    def pod_urls(self, service: str) -> list[str]:
+        """One URL per ready pod behind ``service`` (for per-pod metrics)."""
+        return self.base_urls(service)
 
     def routes(self, service: str) -> list[str]:
         """``base_urls`` as a proxy sees them: refreshed at most every second."""
@@ -200,7 +337,7 @@ class Stack:
         return cached[1]
 
     def score(self, service: str, body: dict[str, Any], timeout: float = 30.0) -> httpx.Response:
-        """One request through the Service (round-robin over its ready endpoints)."""
+        """One request through the Service."""
         urls = self.routes(service)
         if not urls:
             raise AssertionError(f"service {service} has no ready endpoints\n{self.report()}")
@@ -209,45 +346,60 @@ class Stack:
 
     def metrics(self, service: str) -> list[str]:
         """The ``/metrics`` text of every ready pod behind ``service``."""
-        return [httpx.get(f"{u}/metrics", timeout=10).text for u in self.base_urls(service)]
+        return [httpx.get(f"{u}/metrics", timeout=10).text for u in self.pod_urls(service)]
+
+    # ------------------------------------------------------------------ Redis
+    def redis_pods(self) -> list[str]:
+        pods = self.list("pods", REDIS_SELECTOR)
+        return sorted(
+            p["metadata"]["name"]
+            for p in pods
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        )
+
+    def redis_cli(self, pod: str, *args: str, check: bool = True) -> str:
+        """``redis-cli`` inside a managed Redis pod, with the password from its Secret."""
+        quoted = " ".join(f"'{a}'" for a in args)
+        return self.kubectl(
+            "exec", "-n", NS, pod, "--", "sh", "-c",
+            f'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning {quoted}',
+            check=check,
+        )
+
+    def redis_keys(self, cache_ns: str) -> int:
+        total = 0
+        for pod in self.redis_pods():
+            for pattern in (f"kvrank:{cache_ns}:*", f"kvrank-head:{cache_ns}:*"):
+                out = self.redis_cli(pod, "--scan", "--pattern", pattern, check=False)
+                total += len([line for line in out.splitlines() if line.strip()])
+        return total
+
+    def kill_redis_node(self) -> str:
+        """Delete one Redis pod at once (its slots go dark); the StatefulSet brings it back
+        empty. Returns the pod's name."""
+        pod = self.redis_pods()[-1]
+        self.kubectl("delete", "pod", "-n", NS, pod, "--grace-period=0", "--force")
+        return pod
 
 
 # ====================================================================== local
 class LocalStack(Stack):
     backend = "local"
-    chart_values = ("logLevel=INFO",)
 
-    def __init__(self, workdir: Path) -> None:
-        super().__init__()
-        self.workdir = workdir
-        self.cluster = LocalCluster(workdir / "cluster", nodes=())
-        self.node: ProcessNode | None = None
-        self.redis: RedisCluster | None = None
-        self.prometheus: subprocess.Popen[bytes] | None = None
+    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
+        super().__init__(workdir, docker, images)
+        self.cluster = LocalCluster(workdir / "cluster", real_node=True)
         self.prometheus_url = ""
-        self.discovery: PodDiscovery | None = None
-        self.model_server: StaticFiles | None = None
-        self.models = write_models(workdir / "models")
+        self.discovery: PodTargets | None = None
 
     def start(self) -> LocalStack:
         try:
-            self.cluster.start()
-            bin_dir = Path(sys.executable).parent
-            self.node = ProcessNode(
-                self.cluster.kubeconfig,
-                self.cluster.server,
-                self.cluster.pki_dir / "ca.crt",
-                self.workdir / "node",
-                images={
-                    RANKER_IMAGE: [str(bin_dir / "kvrank")],
-                    OPERATOR_IMAGE: [str(bin_dir / "kvrank-operator")],
-                },
-                gpus=16,  # room for a promoted canary next to the old version (max 5 + 5)
-            ).start()
-            self.redis = start_redis_cluster(self.workdir / "redis")
-            self.model_server = StaticFiles(self.models)
-            self.model_server.start()
-            self.kubectl("create", "namespace", NS)
+            self.cluster.start(timeout=180)
+            node = self.cluster.node
+            assert node is not None
+            for ref in self.images.all():
+                node.images.import_from_docker(["docker"], self.docker.env, ref)
+            self.prepare_namespaces()
             self._start_prometheus()
         except BaseException:
             self.stop()
@@ -255,84 +407,28 @@ class LocalStack(Stack):
         return self
 
     def stop(self) -> None:
-        if self.model_server is not None:
-            self.model_server.stop()
         if self.discovery is not None:
             self.discovery.stop()
-        if self.prometheus is not None:
-            self.prometheus.terminate()
-            self.prometheus.wait(timeout=30)
-        if self.node is not None:
-            self.node.stop()
-        if self.redis is not None:
-            self.redis.stop()
         self.cluster.stop()
-
-    def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """Models from a hostPath volume; L2 is the local Redis Cluster (external mode)."""
-        assert self.redis is not None
-        doc = json.loads(json.dumps(doc))
-        spec = doc["spec"]
-        spec["model"]["volume"] = {"hostPath": {"path": str(self.models), "type": "Directory"}}
-        spec["model"].pop("resources", None)
-        spec["model"]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
-        cache = spec.setdefault("cache", {})
-        cache["l1Bytes"] = 64 * 2**20
-        cache["redis"] = {"mode": "external", "url": self.redis.url, "cluster": True}
-        return doc
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}
 
-    def canary_uri(self, version: str) -> str:
-        """Canaries come by URL here, so artifact download is exercised too."""
-        assert self.model_server is not None
-        return f"{self.model_server.url}/feed-ranker/{version}"
-
     def base_urls(self, service: str) -> list[str]:
-        # kube-proxy's job: a Service resolves to its ready endpoints, reached through the
-        # process node's pod network
-        assert self.node is not None
-        urls = []
-        for ep in self.endpoints(service):
-            ip, port = ep.rsplit(":", 1)
-            urls.append(f"http://{self.node.address(ip)}:{port}")
-        return urls
+        """The Service's ClusterIP: kube-proxy picks the pod, as for any client in the cluster."""
+        if not self.endpoints(service):
+            return []
+        svc = self.get("service", service)
+        assert svc is not None, f"no service {service}"
+        port = svc["spec"]["ports"][0]["port"]
+        return [f"http://{svc['spec']['clusterIP']}:{port}"]
 
-    def redis_keys(self, cache_ns: str) -> int:
-        assert self.redis is not None
-        total = 0
-        for node in self.redis.nodes:
-            if node.proc is None:
-                continue
-            r = redis.Redis(port=node.port)
-            try:
-                for pattern in (f"kvrank:{cache_ns}:*", f"kvrank-head:{cache_ns}:*"):
-                    total += sum(1 for _ in r.scan_iter(match=pattern, count=500))
-            finally:
-                r.close()
-        return total
-
-    def kill_redis_node(self) -> Callable[[], None]:
-        """Kill one master (a third of the slots go dark); returns how to bring it back."""
-        assert self.redis is not None
-        node = self.redis.nodes[-1]
-        node.stop()
-
-        def restore() -> None:
-            node.start()
-            assert self.redis is not None
-            self.redis.wait_ok()
-
-        return restore
-
-    def operator_log(self, lines: int = 60) -> str:
-        # no kubelet API here (kubectl logs): the process node has every container's log
-        assert self.node is not None
-        return self.node.logs(lines // 3)
+    def pod_urls(self, service: str) -> list[str]:
+        return [f"http://{ep}" for ep in self.endpoints(service)]
 
     def _start_prometheus(self) -> None:
-        """Prometheus discovers the ranker pods through the API server, as in a cluster."""
+        """Debian's Prometheus in the node's network namespace (pods reach it at the bridge
+        address), scraping the pods that :class:`PodTargets` lists through the API server."""
         rbac = [
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus"}},
             {
@@ -356,46 +452,39 @@ class LocalStack(Stack):
             },
         ]
         self.kubectl(
-            "apply",
-            "-n",
-            NS,
-            "-f",
-            "-",
+            "apply", "-n", NS, "-f", "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}),
         )
+        prom_dir = self.workdir / "prometheus"
+        prom_dir.mkdir(parents=True, exist_ok=True)
+        targets = prom_dir / "targets.json"
         kubeconfig = self.cluster.service_account_kubeconfig(NS, "prometheus", 4 * 3600)
-        assert self.node is not None
-        self.discovery = PodDiscovery(kubeconfig, NS, self.node.address)
+        self.discovery = PodTargets(kubeconfig, NS, targets)
         self.discovery.start()
         conf = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
                 {
                     "job_name": "kvrank-rankers",
-                    "http_sd_configs": [
-                        {"url": self.discovery.targets_url, "refresh_interval": "1s"}
-                    ],
+                    "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
                 }
             ],
         }
-        prom_dir = self.workdir / "prometheus"
-        prom_dir.mkdir(parents=True, exist_ok=True)
         (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(conf))
         port = free_port()
-        log = (prom_dir / "prometheus.log").open("wb")
-        self.prometheus = subprocess.Popen(
-            [
-                shutil.which("prometheus") or "prometheus",
-                f"--config.file={prom_dir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={prom_dir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
+        assert self.cluster.network is not None
+        self.cluster.supervisor.start(
+            "prometheus",
+            self.cluster.network.wrap(
+                [
+                    "prometheus",
+                    f"--config.file={prom_dir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={prom_dir / 'tsdb'}",
+                    f"--web.listen-address={POD_GATEWAY}:{port}",
+                ]
+            ),
         )
-        log.close()
-        self.prometheus_url = f"http://127.0.0.1:{port}"
+        self.prometheus_url = f"http://{POD_GATEWAY}:{port}"
 
         def up() -> bool:
             try:
@@ -403,72 +492,47 @@ class LocalStack(Stack):
             except httpx.HTTPError:
                 return False
 
-        wait_for(
-            up, "Prometheus ready", 60, lambda: (prom_dir / "prometheus.log").read_text()[-2000:]
-        )
+        wait_for(up, "Prometheus ready", 60, lambda: self.cluster.logs(40))
 
 
-class LoopbackServer:
-    """An HTTP server on a free loopback port, served from a daemon thread."""
+class PodTargets:
+    """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
 
-    def __init__(self, handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> None:
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> LoopbackServer:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class StaticFiles(LoopbackServer):
-    """A directory over HTTP (an artifact store for ``http://`` model URIs)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(functools.partial(_Quiet, directory=str(root)))
-
-
-class PodDiscovery(LoopbackServer):
-    """Prometheus pod discovery through the API server, served as ``http_sd``.
-
-    Debian's Prometheus is built without ``kubernetes_sd_configs``; this answers with what
-    that discovery plus the usual relabelling would give: every Running pod annotated
+    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what that
+    discovery plus the usual relabelling would give: every Running pod annotated
     ``prometheus.io/scrape: "true"`` at ``podIP:prometheus.io/port``, labelled with
     ``kubernetes_namespace``, ``instance_name`` and ``pod``. It lists pods with Prometheus'
-    own ServiceAccount token, so its RBAC is exercised as in a cluster, and reaches pods
-    through the process node's pod network (``address``).
+    own ServiceAccount token, so its RBAC is exercised as in a cluster.
     """
 
-    def __init__(self, kubeconfig: Path, namespace: str, address: Callable[[str], str]) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, out: Path) -> None:
         from kubernetes import client, config
 
         self.api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
         self.namespace = namespace
-        self.address = address
-        discovery = self
+        self.out = out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                data = json.dumps(discovery.targets()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def start(self) -> None:
+        self.write()
+        self._thread.start()
 
-            def log_message(self, *args: object) -> None:
-                pass
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
-        super().__init__(Handler)
-        self.targets_url = f"{self.url}/targets"
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.write()
+            except Exception:  # noqa: BLE001 - the API may be restarting; next round
+                continue
+
+    def write(self) -> None:
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.targets()))
+        os.replace(tmp, self.out)
 
     def targets(self) -> list[dict[str, Any]]:
         out = []
@@ -481,9 +545,7 @@ class PodDiscovery(LoopbackServer):
             labels = pod.metadata.labels or {}
             out.append(
                 {
-                    "targets": [
-                        f"{self.address(pod.status.pod_ip)}:{ann.get('prometheus.io/port', '8080')}"
-                    ],
+                    "targets": [f"{pod.status.pod_ip}:{ann.get('prometheus.io/port', '8080')}"],
                     "labels": {
                         "kubernetes_namespace": pod.metadata.namespace,
                         "instance_name": labels.get("app.kubernetes.io/instance", ""),
@@ -495,29 +557,20 @@ class PodDiscovery(LoopbackServer):
 
 
 # ====================================================================== kind
-KIND_TAG = os.environ.get("KVRANK_E2E_TAG", "e2e")
-
-
 class KindStack(Stack):
     backend = "kind"
-    chart_values = (f"image.tag={KIND_TAG}", "image.pullPolicy=Never")
-    install_timeout_s = 300
 
-    def __init__(self, workdir: Path) -> None:
-        super().__init__()
-        self.workdir = workdir
-        write_models(MODELS_MOUNT)
+    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
+        super().__init__(workdir, docker, images)
         self.cluster = KindCluster(workdir / "cluster")
         self.forwards: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
     def start(self) -> KindStack:
         self.cluster.start()
         try:
-            if os.environ.get("KVRANK_E2E_SKIP_BUILD") != "1":
-                subprocess.run(["make", "images", f"IMAGE_TAG={KIND_TAG}"], cwd=ROOT, check=True)
-            for image in (RANKER_IMAGE, OPERATOR_IMAGE):
-                self.cluster.load_image(f"{image}:{KIND_TAG}")
-            self.kubectl("create", "namespace", NS)
+            for ref in self.images.all():
+                self.cluster.load_image(ref)
+            self.prepare_namespaces()
         except BaseException:
             self.stop()
             raise
@@ -527,21 +580,6 @@ class KindStack(Stack):
         for proc, _ in self.forwards.values():
             proc.terminate()
         self.cluster.stop()
-
-    def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """Models from the node's /kvrank-models; managed Redis; the locally built image."""
-        doc = json.loads(json.dumps(doc))
-        spec = doc["spec"]
-        spec["model"]["image"] = f"{RANKER_IMAGE}:{KIND_TAG}"
-        spec["model"]["volume"] = {"hostPath": {"path": "/kvrank-models", "type": "Directory"}}
-        spec["model"].pop("resources", None)  # kind nodes have no GPUs
-        cache = spec.setdefault("cache", {})
-        cache["l1Bytes"] = 64 * 2**20
-        cache["redis"] = {"mode": "managed", "shards": 3, "replicasPerShard": 0, "memory": "256Mi"}
-        return doc
-
-    def ttl_source(self) -> dict[str, Any]:
-        return {"type": "pods"}
 
     def base_urls(self, service: str) -> list[str]:
         if not self.endpoints(service):
@@ -565,41 +603,13 @@ class KindStack(Stack):
             time.sleep(2)
         return [self.forwards[service][1]]
 
-    def _redis_pods(self) -> list[str]:
-        pods = self.list("pods", "app.kubernetes.io/component=redis")
-        return [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
 
-    def redis_keys(self, cache_ns: str) -> int:
-        total = 0
-        for pod in self._redis_pods():
-            for pattern in (f"kvrank:{cache_ns}:*", f"kvrank-head:{cache_ns}:*"):
-                out = self.kubectl(
-                    "exec",
-                    "-n",
-                    NS,
-                    pod,
-                    "--",
-                    "sh",
-                    "-c",
-                    'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning --scan'
-                    f' --pattern "{pattern}"',
-                    check=False,
-                )
-                total += len([line for line in out.splitlines() if line.strip()])
-        return total
-
-    def kill_redis_node(self) -> Callable[[], None]:
-        pod = self._redis_pods()[-1]
-        self.kubectl("delete", "pod", "-n", NS, pod, "--grace-period=0", "--force")
-        return lambda: None  # the StatefulSet brings it back
-
-
-def stack_from_env(workdir: Path) -> LocalStack | KindStack:
+def stack_from_env(workdir: Path, docker: Docker, images: Images) -> LocalStack | KindStack:
     backend = os.environ.get("KVRANK_E2E_BACKEND", "local")
     if backend == "local":
-        return LocalStack(workdir)
+        return LocalStack(workdir, docker, images)
     if backend == "kind":
-        return KindStack(workdir)
+        return KindStack(workdir, docker, images)
     raise ValueError(f"KVRANK_E2E_BACKEND={backend!r}: expected 'local' or 'kind'")
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the local Kubernetes control plane used by the tests on machines without a
-# container runtime: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-# kwok and helm, all from their Go modules (GOTOOLCHAIN=local, CGO_ENABLED=0).
+# Builds the local Kubernetes cluster's Go binaries: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, kwok and helm for the control plane,
+# kubelet and kube-proxy for its real node, all from their Go modules (GOTOOLCHAIN=local,
+# CGO_ENABLED=0). The node's container runtime and add-ons come from build-node.sh.
 #
 # Output: $KVRANK_CACHE/k8s/<versions>/bin (default ~/.cache/kvrank/k8s/...). A second run
 # with the same pinned versions finds the binaries and returns in seconds.
@@ -18,7 +19,7 @@ KEY="kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_
 OUT="$CACHE_ROOT/k8s/$KEY"
 BIN="$OUT/bin"
 WORK="$OUT/src"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy)
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod"
 START=$SECONDS
@@ -73,7 +74,8 @@ build_kubernetes() {
     ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$kminor"
     ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
+    [[ -x "$BIN/$cmd" ]] && continue
     log "building $cmd $KUBE_VERSION"
     (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")
   done

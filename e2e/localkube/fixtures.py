@@ -1,7 +1,12 @@
-"""pytest fixtures for tests that need Kubernetes (registered from the root conftest).
+"""pytest fixtures for tests that need Kubernetes or the product's images (registered from
+the root conftest).
 
-One control plane per test session, shared by the operator and end-to-end tests;
-``KVRANK_CLUSTER`` picks the backend (``local`` by default; ``kind`` where Docker exists).
+- ``cluster``: one kwok-backed control plane per test session, for the operator tests that
+  need nodes that do nothing; ``KVRANK_CLUSTER`` picks the backend (``local`` by default;
+  ``kind`` where Docker exists).
+- ``docker`` / ``images``: a Docker engine and the images ``make images`` builds from this
+  tree, shared by the image tests and the end-to-end suite's real node.
+
 When a test that used the cluster fails, the tail of every component's log is attached to
 the report, so a failure explains itself.
 """
@@ -14,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from localkube import Cluster, cluster_from_env
+from localkube.engine import Docker, Images, build_images, engine
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +31,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docker]:
+    with engine(tmp_path_factory.mktemp("dockerd")) as d:
+        yield d
+
+
+@pytest.fixture(scope="session")
+def images(docker: Docker) -> Images:
+    return build_images(docker)
 
 
 @pytest.hookimpl(wrapper=True)

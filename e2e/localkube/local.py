@@ -1,9 +1,17 @@
-"""A real Kubernetes control plane on loopback, without containers.
+"""A real Kubernetes control plane, with a real node or with kwok's fake nodes.
 
-etcd, kube-apiserver (TLS, RBAC, service-account signing), kube-controller-manager,
-kube-scheduler and kwok (fake nodes whose pods become Running/Ready and whose Job pods
-complete) run as child processes on free ports under one directory, so two clusters on one
-machine never collide. Binaries come from ``build.sh`` (see :func:`binaries`).
+etcd, kube-apiserver (TLS, Node+RBAC authorization, service-account signing),
+kube-controller-manager and kube-scheduler run as child processes under one directory.
+Two flavours:
+
+- ``real_node=True``: everything runs inside the node's own network namespace
+  (:mod:`localkube.network`) and a :class:`~localkube.node.RealNode` (kubelet, containerd,
+  runc, kube-proxy, CoreDNS, kube-router) runs the pods as containers. One such cluster per
+  machine: it owns the pod and Service ranges.
+- otherwise, on loopback with free ports, and kwok's fake nodes (pods become Running/Ready,
+  Job pods complete): for tests that need many nodes that do nothing; several can run at once.
+
+Binaries come from ``build.sh`` (see :func:`binaries`).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from typing import Any
 import yaml
 
 from localkube import pki
+from localkube.network import NODE_IP, NodeNetwork
+from localkube.node import NODE_NAME, NodeContext, RealNode
 from localkube.processes import Supervisor, free_port, tail
 from localkube.tools import ClusterTools
 
@@ -66,7 +76,9 @@ class LocalCluster(ClusterTools):
     workdir: Path
     tie_to_parent: bool = True
     nodes: tuple[dict[str, Any], ...] = NODES
-    """kwok's fake nodes; ``()`` for a cluster whose pods run on a process node."""
+    """kwok's fake nodes (ignored with ``real_node``)."""
+    real_node: bool = False
+    """Run the cluster in its own network namespace with one real node (kubelet + containerd)."""
 
     def __post_init__(self) -> None:
         self.bin = binaries()
@@ -79,6 +91,10 @@ class LocalCluster(ClusterTools):
         self.supervisor = Supervisor(self.log_dir, self.tie_to_parent)
         self.api_port = 0
         self.server = ""
+        self.network: NodeNetwork | None = NodeNetwork() if self.real_node else None
+        self.node: RealNode | None = None
+        if self.real_node:
+            self.nodes = ()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 60.0) -> LocalCluster:
@@ -92,7 +108,11 @@ class LocalCluster(ClusterTools):
         return self
 
     def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
         self.supervisor.stop()
+        if self.network is not None:
+            self.network.teardown()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -116,7 +136,12 @@ class LocalCluster(ClusterTools):
         path.write_text(yaml.safe_dump(doc))
         return path
 
+    def _wrap(self, argv: list[str]) -> list[str]:
+        return self.network.wrap(argv) if self.network is not None else argv
+
     def _start_components(self, timeout: float) -> None:
+        if self.network is not None:
+            self.network.setup()
         ca = pki.CertificateAuthority(self.pki_dir)
         sa = pki.service_account_keys(self.pki_dir)
         serving = ca.issue(
@@ -129,6 +154,7 @@ class LocalCluster(ClusterTools):
                 "kubernetes.default",
                 "kubernetes.default.svc",
                 "10.96.0.1",
+                NODE_IP,
             ),
         )
         admin = ca.issue("admin", "localkube-admin", "system:masters")
@@ -138,11 +164,12 @@ class LocalCluster(ClusterTools):
 
         etcd_port, peer_port = free_port(), free_port()
         self.api_port = free_port()
-        self.server = f"https://127.0.0.1:{self.api_port}"
+        api_ip = NODE_IP if self.real_node else "127.0.0.1"
+        self.server = f"https://{api_ip}:{self.api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.supervisor.start(
             "etcd",
-            [
+            self._wrap([
                 str(self.bin / "etcd"),
                 "--name=localkube",
                 f"--data-dir={self.workdir / 'etcd'}",
@@ -154,15 +181,35 @@ class LocalCluster(ClusterTools):
                 "--listen-metrics-urls=",
                 "--log-level=warn",
                 "--quota-backend-bytes=1073741824",
-            ],
+            ]),
         )
-        self.supervisor.start(
-            "kube-apiserver",
-            [
-                str(self.bin / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
+        kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver", "system:masters")
+        if self.real_node:  # the node's namespace has no uplink: listening on all is safe
+            mode = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={NODE_IP}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                f"--kubelet-certificate-authority={ca.pair.cert}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            mode = [
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                "--authorization-mode=RBAC",
+                "--endpoint-reconciler-type=none",
+                # no kubelets: nothing would lift the not-ready taint from the fake nodes
+                "--disable-admission-plugins=TaintNodesByCondition",
+            ]
+        self.supervisor.start(
+            "kube-apiserver",
+            self._wrap([
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                *mode,
                 f"--secure-port={self.api_port}",
                 f"--cert-dir={self.pki_dir}",
                 f"--tls-cert-file={serving.cert}",
@@ -172,21 +219,17 @@ class LocalCluster(ClusterTools):
                 f"--service-account-signing-key-file={sa.key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode=RBAC",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
-                # no kubelets: nothing would lift the not-ready taint from the fake nodes
-                "--disable-admission-plugins=TaintNodesByCondition",
-            ],
+            ]),
         )
         self._client_kubeconfig("admin", admin).rename(self.kubeconfig)
         self._wait_ready(admin, timeout)
         self.supervisor.start(
             "kube-controller-manager",
-            [
+            self._wrap([
                 str(self.bin / "kube-controller-manager"),
                 f"--kubeconfig={self._client_kubeconfig('controller-manager', cm)}",
                 "--leader-elect=false",
@@ -196,20 +239,24 @@ class LocalCluster(ClusterTools):
                 f"--root-ca-file={ca.pair.cert}",
                 "--use-service-account-credentials=true",
                 f"--cert-dir={self.workdir / 'cm-certs'}",
-                "--controllers=*,-nodeipam,-nodelifecycle",
-            ],
+                # a real node's not-ready taint is lifted by nodelifecycle; kwok's never get it
+                "--controllers=*,-nodeipam" + ("" if self.real_node else ",-nodelifecycle"),
+            ]),
         )
         self.supervisor.start(
             "kube-scheduler",
-            [
+            self._wrap([
                 str(self.bin / "kube-scheduler"),
                 f"--kubeconfig={self._client_kubeconfig('scheduler', sched)}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
                 f"--cert-dir={self.workdir / 'sched-certs'}",
-            ],
+            ]),
         )
+        if self.real_node:
+            self._start_real_node(ca, timeout)
+            return
         self.supervisor.start(
             "kwok",
             [
@@ -229,6 +276,37 @@ class LocalCluster(ClusterTools):
             lambda: self._nodes_ready() and self._default_sa(),
             timeout,
             "nodes Ready and the default ServiceAccount",
+        )
+
+    def _start_real_node(self, ca: pki.CertificateAuthority, timeout: float) -> None:
+        assert self.network is not None
+        self.node = RealNode(
+            NodeContext(
+                workdir=self.workdir,
+                kube_bin=self.bin,
+                server=self.server,
+                ca=ca,
+                network=self.network,
+                supervisor=self.supervisor,
+                admin_kubeconfig=self.kubeconfig,
+            )
+        )
+        self.node.start(timeout)
+        self._wait_for(
+            lambda: self._node_ready(NODE_NAME) and self._default_sa(),
+            timeout,
+            f"node {NODE_NAME} Ready and the default ServiceAccount",
+        )
+        self.node.after_registered()
+
+    def _node_ready(self, name: str) -> bool:
+        out = self.kubectl("get", "node", name, "-o", "json", check=False)
+        if out.returncode != 0:
+            return False
+        conditions = json.loads(out.stdout).get("status", {}).get("conditions", [])
+        taints = json.loads(out.stdout).get("spec", {}).get("taints") or []
+        return not taints and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in conditions
         )
 
     def _ssl(self, pair: pki.KeyPair) -> ssl.SSLContext:

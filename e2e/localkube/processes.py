@@ -78,6 +78,12 @@ class Supervisor:
             _terminate(c.proc.pid, c.proc, timeout)
         self.components.clear()
 
+    def stop_named(self, name: str, timeout: float = 10.0) -> None:
+        """Stop one component now (the node stops its kubelet before its pods)."""
+        for c in [c for c in self.components if c.name == name]:
+            _terminate(c.proc.pid, c.proc, timeout)
+            self.components.remove(c)
+
     def pids(self) -> list[int]:
         return [c.proc.pid for c in self.components]
 

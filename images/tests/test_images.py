@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 import yaml
-from engine import ROOT, Docker, Images
+from localkube.engine import ROOT, Docker, Images
 from pod_container import docker_run_args
 from stack import MODEL_CONFIG, wait_for, write_models
 

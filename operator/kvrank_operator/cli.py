@@ -25,6 +25,13 @@ def run(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0: off).")] = 8000,
     liveness_port: Annotated[int, typer.Option(help="Health endpoint port (0: off).")] = 8081,
+    redis_health: Annotated[
+        bool,
+        typer.Option(
+            help="Check managed Redis Clusters through their pods and heal them"
+            " (turn off only where pods are simulated and cannot be reached)."
+        ),
+    ] = True,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -43,6 +50,7 @@ def run(
         level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
     )
     handlers.KUBECONFIG = kubeconfig
+    handlers.REDIS_HEALTH = redis_health
     if metrics_port:
         start_http_server(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None

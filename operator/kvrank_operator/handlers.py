@@ -19,6 +19,7 @@ from prometheus_client import Counter, Histogram
 from kvrank_operator import crd
 from kvrank_operator.kube import Kube, load_client
 from kvrank_operator.reconcile import reconcile
+from kvrank_operator.redis_cluster import check_and_heal
 from kvrank_operator.sources import tune_ttl
 
 log = logging.getLogger("kvrank_operator")
@@ -31,6 +32,9 @@ RESYNC_S = 5.0
 
 _kube: Kube | None = None
 KUBECONFIG: str | None = None
+REDIS_HEALTH = True
+"""Check (and heal) managed Redis Clusters by talking to their pods; off only where the pods
+are not real (tests on simulated nodes)."""
 
 
 def kube() -> Kube:
@@ -55,7 +59,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
     started = time.monotonic()
     try:
-        outcome = reconcile(kube(), dict(body), dt.datetime.now(dt.UTC))
+        outcome = reconcile(
+            kube(),
+            dict(body),
+            dt.datetime.now(dt.UTC),
+            redis_health=check_and_heal if REDIS_HEALTH else None,
+        )
     except ApiException as exc:
         RECONCILES.labels(trigger, "error").inc()
         raise kopf.TemporaryError(f"Kubernetes API: {exc.status} {exc.reason}", delay=5) from exc

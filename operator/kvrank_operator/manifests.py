@@ -20,6 +20,32 @@ CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
 PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
 MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
+STARTUP_BUDGET_S = 600
+"""How long a ranker may take to download, load and warm up its model before the kubelet's
+liveness probe may kill it (a startupProbe holds liveness off until then)."""
+JOB_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:
+    """Pod-level security that Pod Security ``restricted`` admits."""
+    ctx: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if fs_group is not None:
+        ctx["fsGroup"] = fs_group
+    return ctx
+
+
+def restricted_container() -> dict[str, Any]:
+    """Container-level security that Pod Security ``restricted`` admits (and a read-only root)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def labels(instance: str, component: str = "ranker") -> dict[str, str]:
@@ -145,7 +171,7 @@ def deployment(
         )
     probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}
     pod_spec: dict[str, Any] = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "securityContext": restricted_pod(10001, fs_group=10001),
         "containers": [
             {
                 "name": "ranker",
@@ -155,17 +181,19 @@ def deployment(
                 "env": env,
                 "resources": spec.model.resources,
                 "readinessProbe": probe,
+                # download + load + warm-up may take minutes; liveness starts after it
+                "startupProbe": {
+                    "httpGet": {"path": "/healthz", "port": "http"},
+                    "periodSeconds": 5,
+                    "failureThreshold": STARTUP_BUDGET_S // 5,
+                },
                 "livenessProbe": {
                     "httpGet": {"path": "/healthz", "port": "http"},
                     "periodSeconds": 10,
                     "failureThreshold": 3,
                 },
                 "volumeMounts": mounts,
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": restricted_container(),
             }
         ],
         "volumes": volumes,
@@ -301,9 +329,16 @@ def purge_job(spec: RankerSpec, instance: str, namespace: str, cache_ns: str) ->
                 "metadata": {"labels": labels(instance, "purge")},
                 "spec": {
                     "restartPolicy": "OnFailure",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                    "securityContext": restricted_pod(10001),
                     "containers": [
-                        {"name": "purge", "image": spec.model.image, "args": args, "env": env}
+                        {
+                            "name": "purge",
+                            "image": spec.model.image,
+                            "args": args,
+                            "env": env,
+                            "resources": JOB_RESOURCES,
+                            "securityContext": restricted_container(),
+                        }
                     ],
                 },
             },
@@ -370,7 +405,7 @@ def managed_redis(
             "template": {
                 "metadata": {"labels": rl},
                 "spec": {
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 999, "fsGroup": 999},
+                    "securityContext": restricted_pod(999, fs_group=999),
                     "containers": [
                         {
                             "name": "redis",
@@ -404,6 +439,7 @@ def managed_redis(
                                 {"name": "conf", "mountPath": "/conf"},
                                 {"name": "data", "mountPath": "/data"},
                             ],
+                            "securityContext": restricted_container(),
                         }
                     ],
                     "volumes": [
@@ -467,13 +503,15 @@ def managed_redis(
                     "metadata": {"labels": labels(instance, "redis-bootstrap")},
                     "spec": {
                         "restartPolicy": "OnFailure",
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": 999},
+                        "securityContext": restricted_pod(999),
                         "containers": [
                             {
                                 "name": "bootstrap",
                                 "image": r.image,
                                 "env": bootstrap_env,
                                 "command": ["sh", "-c", bootstrap_script(r.replicas_per_shard)],
+                                "resources": JOB_RESOURCES,
+                                "securityContext": restricted_container(),
                             }
                         ],
                     },

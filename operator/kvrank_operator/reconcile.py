@@ -9,9 +9,11 @@ once. Returns the new ``status`` and the Events to post; it never patches the st
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime as dt
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ from kvrank_operator import manifests as m
 from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
+from kvrank_operator.redis_cluster import Health
 from kvrank_operator.spec import RankerSpec, namespace_for, parse_spec
 
 API = "kvrank.io/v1alpha1"
@@ -59,7 +62,17 @@ def set_condition(
     )
 
 
-def reconcile(kube: Kube, body: dict[str, Any], now: dt.datetime) -> Outcome:
+RedisHealthCheck = Callable[[list[str], str | None, int, int], Health]
+"""``(ip:port of each pod, password, expected nodes, replicas per shard) → Health`` (and
+heal a step)."""
+
+
+def reconcile(
+    kube: Kube,
+    body: dict[str, Any],
+    now: dt.datetime,
+    redis_health: RedisHealthCheck | None = None,
+) -> Outcome:
     meta = body["metadata"]
     name, ns, gen = meta["name"], meta["namespace"], int(meta.get("generation", 1))
     owner = Owner(API, "RankerDeployment", name, meta["uid"])
@@ -103,25 +116,46 @@ def reconcile(kube: Kube, body: dict[str, Any], now: dt.datetime) -> Outcome:
             )
     _namespaces(kube, spec, name, ns, owner, status, out, now)
     _status(spec, name, deps, live, stable_ready, status, gen, now)
-    cache_ok, cache_msg = _cache_ready(kube, spec, name, ns)
-    set_condition(
-        status, "CacheReady", cache_ok, "Ready" if cache_ok else "Waiting", cache_msg, gen, now
-    )
+    cache = _cache_ready(kube, spec, name, ns, redis_health)
+    set_condition(status, "CacheReady", cache.ok, cache.reason, cache.message, gen, now)
+    for action in cache.actions:
+        out.events.append(("Normal", "RedisHealing", action))
     return out
 
 
-def _cache_ready(kube: Kube, spec: RankerSpec, name: str, ns: str) -> tuple[bool, str]:
+def _cache_ready(
+    kube: Kube, spec: RankerSpec, name: str, ns: str, redis_health: RedisHealthCheck | None
+) -> Health:
     if spec.cache.redis.mode == "external":
-        return True, "external Redis (validated, passed through)"
+        return Health(True, "External", "external Redis (validated, passed through)")
     sts = kube.get("apps/v1", "StatefulSet", ns, m.redis_name(name)) or {}
     want = (sts.get("spec") or {}).get("replicas", 0)
     ready = (sts.get("status") or {}).get("readyReplicas") or 0
     job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
     formed = bool((job.get("status") or {}).get("succeeded"))
-    ok = bool(want) and ready >= want and formed
-    return ok, f"managed Redis Cluster: {ready}/{want} nodes ready, " + (
-        "cluster formed" if formed else "bootstrap pending"
+    if not formed or redis_health is None:
+        ok = bool(want) and ready >= want and formed
+        return Health(
+            ok,
+            "Ready" if ok else "Waiting",
+            f"managed Redis Cluster: {ready}/{want} nodes ready, "
+            + ("cluster formed" if formed else "bootstrap pending"),
+        )
+    # formed once: from now on trust what the nodes say, not the Job
+    pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
+    addrs = sorted(
+        f"{p['status']['podIP']}:{m.REDIS_PORT}"
+        for p in pods
+        if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
     )
+    secret = kube.get("v1", "Secret", ns, f"{m.redis_name(name)}-auth") or {}
+    encoded = (secret.get("data") or {}).get("password")
+    password = base64.b64decode(encoded).decode() if encoded else None
+    r = spec.cache.redis
+    health = redis_health(addrs, password, want or r.shards * (1 + r.replicas_per_shard),
+                          r.replicas_per_shard)
+    health.message = f"managed Redis Cluster: {health.message}"
+    return health
 
 
 def _apply_objects(

@@ -8,7 +8,6 @@ covered, be a no-op when run again, and refuse to re-create over nodes that hold
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 from kvrank.localstack import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script, managed_redis
 from kvrank_operator.spec import parse_spec
+from redis_nodes import run_bootstrap
 
 pytestmark = pytest.mark.redis
 PASSWORD = "s3cret-bootstrap"
@@ -40,14 +40,7 @@ def nodes(tmp_path: Path) -> Iterator[list[RedisServer]]:
 
 
 def run_job(script: str, nodes: list[RedisServer]) -> subprocess.CompletedProcess[str]:
-    env = {
-        "PATH": os.environ["PATH"],
-        "REDIS_PASSWORD": PASSWORD,
-        "NODES": " ".join(f"127.0.0.1:{n.port}" for n in nodes),
-    }
-    return subprocess.run(
-        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_bootstrap(script, nodes, PASSWORD)
 
 
 def test_the_jobs_script_is_the_one_tested_here() -> None:

@@ -52,6 +52,8 @@ def start_operator(kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
                 "0",
                 "--liveness-port",
                 "0",
+                # kwok's pods are not real: their Redis cannot be reached (nor may it be)
+                "--no-redis-health",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

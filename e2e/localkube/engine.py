@@ -1,0 +1,156 @@
+"""The Docker engine that builds the product's images for the tests, and the built images.
+
+The engine is the one ``docker info`` reaches. Where none runs and this is root with
+``dockerd`` installed (``make services`` installs docker.io), :func:`private_engine` starts
+one: its own socket, no bridge (builds use the host network), layers kept under
+``$KVRANK_CACHE/docker`` so the next run reuses them. The base image is the upstream
+``python:3.11-slim`` where it can be pulled, otherwise the stand-in
+``images/local-python-base.sh`` builds from the Debian archive. The image tests run the
+images with ``docker run``; the real node imports them into its containerd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localkube.node import unmount_below
+from localkube.processes import die_with_parent
+
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM_BASE = "python:3.11-slim"
+TAG = "test"
+
+
+class Docker:
+    """The ``docker`` CLI, pointed at one engine."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            ["docker", *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(
+                f"docker {' '.join(args)} exited {out.returncode}:\n{out.stderr[-4000:]}"
+            )
+        return out
+
+    def inspect(self, ref: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self("inspect", ref).stdout)[0]
+        return doc
+
+
+@dataclass(frozen=True)
+class Images:
+    ranker: str
+    operator: str
+    redis: str
+
+    def all(self) -> tuple[str, ...]:
+        return (self.ranker, self.operator, self.redis)
+
+
+@contextlib.contextmanager
+def engine(run: Path) -> Iterator[Docker]:
+    """The ambient engine, or a private ``dockerd`` for the duration of the block."""
+    ambient = Docker(dict(os.environ))
+    if ambient("info", check=False).returncode == 0:
+        yield ambient
+        return
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or os.geteuid() != 0:
+        raise RuntimeError(
+            "building the images needs a Docker engine: `docker info` failed and there is no"
+            " dockerd to start as root (`make services` installs docker.io)"
+        )
+    data = Path(os.environ.get("KVRANK_CACHE", Path.home() / ".cache" / "kvrank")) / "docker"
+    data.mkdir(parents=True, exist_ok=True)
+    run.mkdir(parents=True, exist_ok=True)
+    with (data.parent / "docker.lock").open("w") as lock, (run / "dockerd.log").open("wb") as log:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one daemon per data root
+        sock = run / "docker.sock"
+        proc = subprocess.Popen(
+            [
+                dockerd,
+                f"--data-root={data}",
+                f"--exec-root={run / 'exec'}",
+                f"--pidfile={run / 'dockerd.pid'}",
+                f"--host=unix://{sock}",
+                "--bridge=none",
+                "--iptables=false",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+        docker = Docker({**os.environ, "DOCKER_HOST": f"unix://{sock}"})
+        try:
+            deadline = time.monotonic() + 60
+            while docker("info", check=False).returncode != 0:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (run / "dockerd.log").read_text()[-4000:]
+                    raise RuntimeError(f"dockerd did not start:\n{tail}")
+                time.sleep(0.5)
+            yield docker
+        finally:
+            proc.terminate()  # stops its containerd and any container left running
+            proc.wait(timeout=60)
+            # dockerd leaves its network-namespace mount in the exec root
+            unmount_below(run)
+
+
+def build_images(docker: Docker) -> Images:
+    """The product's images, built from this working tree by the Makefile's own target."""
+    base = python_base(docker)
+    build_step(
+        [
+            "make",
+            "--no-print-directory",
+            "images",
+            f"IMAGE_TAG={TAG}",
+            f"PYTHON_IMAGE={base}",
+            "DOCKER_BUILD_FLAGS=--network=host",
+        ],
+        docker.env,
+        2400,
+    )
+    # kvrank images that this build untagged would pile up (gigabytes each) in a reused data
+    # root; the dependency layers under the new tags stay as cache
+    docker("image", "prune", "--force", "--filter", "label=org.opencontainers.image.vendor=kvrank")
+    return Images(
+        f"ghcr.io/kvrank/ranker:{TAG}", f"ghcr.io/kvrank/operator:{TAG}", f"ghcr.io/kvrank/redis:{TAG}"
+    )
+
+
+def python_base(docker: Docker) -> str:
+    """``python:3.11-slim`` if the engine has or can pull it, else the local stand-in."""
+    if docker("image", "inspect", UPSTREAM_BASE, check=False).returncode == 0:
+        return UPSTREAM_BASE
+    if docker("pull", UPSTREAM_BASE, check=False, timeout=600).returncode == 0:
+        return UPSTREAM_BASE
+    script = str(ROOT / "images" / "local-python-base.sh")
+    return build_step(["bash", script], docker.env, 900).strip().splitlines()[-1]
+
+
+def build_step(cmd: list[str], env: dict[str, str], timeout: float) -> str:
+    """Run ``cmd`` from the repository root; its stdout, or an error showing both streams."""
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+    if out.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
+    return out.stdout

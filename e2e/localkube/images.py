@@ -1,0 +1,135 @@
+"""Container images for the real node: the pause image, and Docker images moved into it.
+
+The node's containerd pulls nothing (there is no registry to reach): every image a pod
+runs is imported into its ``k8s.io`` namespace first. The pause image is written here as a
+docker-archive around the static ``pause`` binary that ``build-node.sh`` compiles; the
+product's images come from the Docker engine that ``make images`` built them in, through
+``docker save | ctr images import``, skipped when containerd already holds the same image
+(same config digest), so a reused containerd root imports the multi-GB ranker image once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from collections.abc import Sequence
+from pathlib import Path
+
+PAUSE_IMAGE = "kvrank.local/pause:3.10"
+PAUSE_UID = 65535
+
+
+def pause_archive(binary: Path, out: Path, ref: str = PAUSE_IMAGE) -> Path:
+    """A one-layer docker-archive whose only file is ``/pause`` (as ``docker save`` writes)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tar.gettarinfo(str(binary), arcname="pause")
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755
+        with binary.open("rb") as f:
+            tar.addfile(info, f)
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "User": f"{PAUSE_UID}:{PAUSE_UID}"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        },
+        sort_keys=True,
+    ).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [ref], "Layers": ["layer.tar"]}]
+    ).encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, mode="w") as tar:
+        for name, data in (
+            ("layer.tar", layer_bytes),
+            (config_name, config),
+            ("manifest.json", manifest),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+class NodeImages:
+    """``ctr`` on the node's containerd socket, in the namespace the kubelet uses."""
+
+    def __init__(self, ctr: Path, address: Path) -> None:
+        self.base = [str(ctr), f"--address={address}", "--namespace=k8s.io"]
+
+    def ctr(self, *args: str, input: bytes | None = None, timeout: float = 120) -> str:
+        out = subprocess.run(
+            [*self.base, *args], input=input, capture_output=True, timeout=timeout, check=False
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed: {out.stderr.decode()[-2000:]}")
+        return out.stdout.decode()
+
+    def config_digest(self, ref: str) -> str | None:
+        """The image's config digest (= ``docker inspect`` Id), or None when absent."""
+        digest = next(
+            (
+                cols[2]
+                for cols in (line.split() for line in self.ctr("images", "ls").splitlines())
+                if cols[:1] == [ref]
+            ),
+            None,
+        )
+        while digest is not None:
+            doc = json.loads(self.ctr("content", "get", digest))
+            if "config" in doc:
+                return str(doc["config"]["digest"])
+            manifests = doc.get("manifests") or []  # an index: its first (only) manifest
+            digest = manifests[0]["digest"] if manifests else None
+        return None
+
+    def import_archive(self, archive: Path, pin: bool = False) -> None:
+        self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=600)
+        if pin:
+            for ref in _archive_refs(archive):
+                self.ctr("images", "label", ref, "io.cri-containerd.pinned=pinned")
+
+    def import_from_docker(self, docker: Sequence[str], env: dict[str, str], ref: str) -> bool:
+        """Copy ``ref`` from the Docker engine unless containerd holds the same image already.
+        Returns whether it was imported."""
+        inspect = subprocess.run(
+            [*docker, "image", "inspect", "--format", "{{.Id}}", ref],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if inspect.returncode != 0:
+            raise RuntimeError(f"the Docker engine has no image {ref}: {inspect.stderr.strip()}")
+        if self.config_digest(ref) == inspect.stdout.strip():
+            return False
+        save = subprocess.Popen([*docker, "save", ref], stdout=subprocess.PIPE, env=env)
+        assert save.stdout is not None
+        imported = subprocess.run(
+            [*self.base, "images", "import", "-"],
+            stdin=save.stdout,
+            capture_output=True,
+            timeout=1800,
+            check=False,
+        )
+        save.stdout.close()
+        if save.wait() != 0 or imported.returncode != 0:
+            raise RuntimeError(f"importing {ref} failed: {imported.stderr.decode()[-2000:]}")
+        return True
+
+
+def _archive_refs(archive: Path) -> list[str]:
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        return [ref for entry in json.load(member) for ref in entry.get("RepoTags", [])]
