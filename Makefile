@@ -38,14 +38,16 @@ venv: $(STAMP) ## Create .venv and install kvrank with all extras (reused while 
 services: ## Install the service binaries the tests start (redis-server) when missing
 	@bash scripts/ensure-services.sh
 
-kube-bins: ## Build (or reuse) etcd, kube-apiserver, kwok, helm … from Go modules
+kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … from Go modules
 	@bash e2e/localkube/build.sh >/dev/null
+	@bash e2e/localkube/build-node.sh >/dev/null
 
-lint: venv ## ruff, mypy --strict, import-linter contracts
+lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows
 	$(VENV)/bin/ruff check ranker operator e2e images
 	$(VENV)/bin/ruff format --check ranker operator e2e images
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	"$$(bash e2e/localkube/build-node.sh)/actionlint" -shellcheck= -pyflakes= .github/workflows/*.yml
 
 test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what was started
 	@$(PHASE) venv $(MAKE) --no-print-directory venv
@@ -56,10 +58,12 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
 test-only: ## Run the test suite only (services are started by fixtures)
-	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q
+	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
+	  $(PY) -m pytest -q
 
-e2e: venv services kube-bins ## The end-to-end scenarios on the local backend only (part of make test)
-	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" $(PY) -m pytest -q e2e/test_e2e.py
+e2e: venv services kube-bins ## The end-to-end scenarios on the local cluster's real node (part of make test)
+	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
+	  $(PY) -m pytest -q e2e/test_e2e.py
 
 e2e-kind: venv ## The end-to-end scenarios on kind (needs Docker, kind, kubectl, helm): builds and loads the images
 	@for tool in docker kind kubectl helm; do command -v $$tool >/dev/null || \

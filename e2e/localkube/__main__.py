@@ -1,7 +1,9 @@
-"""By hand: ``python -m localkube up DIR`` starts a detached cluster, ``down DIR`` stops it.
+"""By hand: ``python -m localkube up DIR`` starts a detached cluster with its real node,
+``down DIR`` stops it.
 
 ``up`` prints ``export KUBECONFIG=…``; the component PIDs are kept in ``DIR/pids.json`` so
-``down`` can stop them from another shell.
+``down`` can stop them from another shell, then remove the node's containers, mounts,
+cgroups and network (the host's routes and iptables are as before ``up``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 from localkube.local import LocalCluster
+from localkube.network import NodeNetwork
+from localkube.node import cleanup
 from localkube.processes import kill_groups
 
 
@@ -28,12 +32,14 @@ def main(argv: list[str]) -> int:
             print(f"local cluster in {workdir} stopped")
         else:
             print(f"no local cluster recorded in {workdir}")
+        cleanup(workdir)
+        NodeNetwork().teardown()
         return 0
     if pid_file.exists():
         print(f"a cluster is already recorded in {pid_file}; run 'down' first", file=sys.stderr)
         return 1
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh etcd and fresh certificates
-    cluster = LocalCluster(workdir, tie_to_parent=False).start()
+    cluster = LocalCluster(workdir, tie_to_parent=False, real_node=True).start(timeout=180)
     pid_file.write_text(json.dumps(cluster.supervisor.pids()))
     print(
         f"# local cluster ready in {cluster.startup_seconds:.1f}s; logs in {cluster.log_dir}",

@@ -128,11 +128,22 @@ def build_images(docker: Docker) -> Images:
         docker.env,
         2400,
     )
-    # kvrank images that this build untagged would pile up (gigabytes each) in a reused data
-    # root; the dependency layers under the new tags stay as cache
-    docker("image", "prune", "--force", "--filter", "label=org.opencontainers.image.vendor=kvrank")
+    # kvrank images that builds untagged would pile up (gigabytes each) in a reused data
+    # root; those of the last day stay: the wheel stage among them is the next build's cache,
+    # so an unchanged tree builds the same image ids (and the node imports nothing again)
+    docker(
+        "image",
+        "prune",
+        "--force",
+        "--filter",
+        "label=org.opencontainers.image.vendor=kvrank",
+        "--filter",
+        "until=24h",
+    )
     return Images(
-        f"ghcr.io/kvrank/ranker:{TAG}", f"ghcr.io/kvrank/operator:{TAG}", f"ghcr.io/kvrank/redis:{TAG}"
+        f"ghcr.io/kvrank/ranker:{TAG}",
+        f"ghcr.io/kvrank/operator:{TAG}",
+        f"ghcr.io/kvrank/redis:{TAG}",
     )
 
 

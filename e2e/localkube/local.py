@@ -169,19 +169,21 @@ class LocalCluster(ClusterTools):
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.supervisor.start(
             "etcd",
-            self._wrap([
-                str(self.bin / "etcd"),
-                "--name=localkube",
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-cluster=localkube=http://127.0.0.1:{peer_port}",
-                "--listen-metrics-urls=",
-                "--log-level=warn",
-                "--quota-backend-bytes=1073741824",
-            ]),
+            self._wrap(
+                [
+                    str(self.bin / "etcd"),
+                    "--name=localkube",
+                    f"--data-dir={self.workdir / 'etcd'}",
+                    f"--listen-client-urls={etcd_url}",
+                    f"--advertise-client-urls={etcd_url}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-cluster=localkube=http://127.0.0.1:{peer_port}",
+                    "--listen-metrics-urls=",
+                    "--log-level=warn",
+                    "--quota-backend-bytes=1073741824",
+                ]
+            ),
         )
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver", "system:masters")
         if self.real_node:  # the node's namespace has no uplink: listening on all is safe
@@ -206,53 +208,59 @@ class LocalCluster(ClusterTools):
             ]
         self.supervisor.start(
             "kube-apiserver",
-            self._wrap([
-                str(self.bin / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                *mode,
-                f"--secure-port={self.api_port}",
-                f"--cert-dir={self.pki_dir}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={ca.pair.cert}",
-                f"--service-account-key-file={sa.cert}",
-                f"--service-account-signing-key-file={sa.key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allow-privileged=true",
-                "--enable-priority-and-fairness=false",
-                "--profiling=false",
-            ]),
+            self._wrap(
+                [
+                    str(self.bin / "kube-apiserver"),
+                    f"--etcd-servers={etcd_url}",
+                    *mode,
+                    f"--secure-port={self.api_port}",
+                    f"--cert-dir={self.pki_dir}",
+                    f"--tls-cert-file={serving.cert}",
+                    f"--tls-private-key-file={serving.key}",
+                    f"--client-ca-file={ca.pair.cert}",
+                    f"--service-account-key-file={sa.cert}",
+                    f"--service-account-signing-key-file={sa.key}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--allow-privileged=true",
+                    "--enable-priority-and-fairness=false",
+                    "--profiling=false",
+                ]
+            ),
         )
         self._client_kubeconfig("admin", admin).rename(self.kubeconfig)
         self._wait_ready(admin, timeout)
         self.supervisor.start(
             "kube-controller-manager",
-            self._wrap([
-                str(self.bin / "kube-controller-manager"),
-                f"--kubeconfig={self._client_kubeconfig('controller-manager', cm)}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                f"--service-account-private-key-file={sa.key}",
-                f"--root-ca-file={ca.pair.cert}",
-                "--use-service-account-credentials=true",
-                f"--cert-dir={self.workdir / 'cm-certs'}",
-                # a real node's not-ready taint is lifted by nodelifecycle; kwok's never get it
-                "--controllers=*,-nodeipam" + ("" if self.real_node else ",-nodelifecycle"),
-            ]),
+            self._wrap(
+                [
+                    str(self.bin / "kube-controller-manager"),
+                    f"--kubeconfig={self._client_kubeconfig('controller-manager', cm)}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                    f"--service-account-private-key-file={sa.key}",
+                    f"--root-ca-file={ca.pair.cert}",
+                    "--use-service-account-credentials=true",
+                    f"--cert-dir={self.workdir / 'cm-certs'}",
+                    # a real node's not-ready taint is lifted by nodelifecycle; kwok's never get it
+                    "--controllers=*,-nodeipam" + ("" if self.real_node else ",-nodelifecycle"),
+                ]
+            ),
         )
         self.supervisor.start(
             "kube-scheduler",
-            self._wrap([
-                str(self.bin / "kube-scheduler"),
-                f"--kubeconfig={self._client_kubeconfig('scheduler', sched)}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                f"--cert-dir={self.workdir / 'sched-certs'}",
-            ]),
+            self._wrap(
+                [
+                    str(self.bin / "kube-scheduler"),
+                    f"--kubeconfig={self._client_kubeconfig('scheduler', sched)}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                    f"--cert-dir={self.workdir / 'sched-certs'}",
+                ]
+            ),
         )
         if self.real_node:
             self._start_real_node(ca, timeout)

@@ -136,5 +136,13 @@ class NodeNetwork:
 
 
 def host_snapshot() -> str:
-    """The host's routes and iptables rules, to compare before and after a run."""
-    return run("ip", "-4", "route", "show").stdout + run("iptables-save").stdout
+    """The host's network namespaces, links, routes and iptables rules (no counters), to
+    compare before and after a run."""
+    parts = [
+        run("ip", "netns", "list").stdout,
+        run("ip", "-br", "link").stdout,
+        run("ip", "-4", "route", "show", "table", "all").stdout,
+    ]
+    for table in ("filter", "nat", "mangle", "raw"):
+        parts.append(run("iptables", "-w", "-t", table, "-S").stdout)
+    return "".join(parts)

@@ -62,6 +62,8 @@ state = "{state}"
   enable_selinux = false
   # no CAP_SYS_RESOURCE on this machine: runc must not try to lower oom_score_adj
   restrict_oom_score_adj = true
+  # pods' network namespaces under the state dir (not /run/netns): removed with the node
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -122,7 +124,7 @@ class RealNode:
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._cgroups(create=True)
+        self._cgroups()
         self._start_containerd(timeout)
         self._remove_stale_pods()
         self.images.import_archive(
@@ -140,7 +142,12 @@ class RealNode:
             {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": str(FAKE_GPUS)},
         ]
         self._kubectl(
-            "patch", "node", NODE_NAME, "--subresource=status", "--type=json", "-p",
+            "patch",
+            "node",
+            NODE_NAME,
+            "--subresource=status",
+            "--type=json",
+            "-p",
             json.dumps(patch),
         )
 
@@ -150,15 +157,19 @@ class RealNode:
         if self.socket.exists():
             for verb in ("stopp", "rmp"):
                 subprocess.run(
-                    [str(self.bin / "crictl"), f"--runtime-endpoint=unix://{self.socket}",
-                     "--timeout=30s", verb, "--all"],
-                    capture_output=True, check=False, timeout=120,
+                    [
+                        str(self.bin / "crictl"),
+                        f"--runtime-endpoint=unix://{self.socket}",
+                        "--timeout=30s",
+                        verb,
+                        "--all",
+                    ],
+                    capture_output=True,
+                    check=False,
+                    timeout=120,
                 )
-        self._kill_shims()
         self.ctx.supervisor.stop_named("containerd")
-        self._cgroups(create=False)
-        unmount_below(self.dir)
-        unmount_below(self.root)
+        cleanup(self.ctx.workdir)
 
     # ------------------------------------------------------------------ containerd
     def _start_containerd(self, timeout: float) -> None:
@@ -203,8 +214,11 @@ class RealNode:
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
-                        "routes": [{"dst": POD_SUPERNET}, {"dst": "10.96.0.0/12"},
-                                   {"dst": f"{NODE_IP}/32"}],
+                        "routes": [
+                            {"dst": POD_SUPERNET},
+                            {"dst": "10.96.0.0/12"},
+                            {"dst": f"{NODE_IP}/32"},
+                        ],
                         "dataDir": str(self.dir / "ipam"),
                     },
                 },
@@ -217,16 +231,17 @@ class RealNode:
     def _remove_stale_pods(self) -> None:
         """A crashed run's sandboxes are still in the reused containerd root."""
         subprocess.run(
-            [str(self.bin / "crictl"), f"--runtime-endpoint=unix://{self.socket}", "rmp",
-             "--all", "--force"],
-            capture_output=True, check=False, timeout=120,
+            [
+                str(self.bin / "crictl"),
+                f"--runtime-endpoint=unix://{self.socket}",
+                "rmp",
+                "--all",
+                "--force",
+            ],
+            capture_output=True,
+            check=False,
+            timeout=120,
         )
-
-    def _kill_shims(self) -> None:
-        """Shims outlive containerd by design; ours are the ones on our socket."""
-        for pid in _pids_matching(str(self.socket)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
     # ------------------------------------------------------------------ kubelet
     def _start_kubelet(self) -> None:
@@ -266,8 +281,11 @@ class RealNode:
             # images are imported, never pulled: nothing may garbage-collect them
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%"},
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+            },
             "nodeStatusUpdateFrequency": "4s",
             "syncFrequency": "5s",  # ConfigMap volumes follow the operator within seconds
             "shutdownGracePeriod": "0s",
@@ -293,24 +311,10 @@ class RealNode:
             env={"PATH": f"{self.bin}:{CNI_BIN_DIR}:{os.environ.get('PATH', '')}"},
         )
 
-    def _cgroups(self, create: bool) -> None:
-        """The kubelet's cgroup root in every v1 hierarchy; removed (processes killed) at stop."""
-        for hierarchy in Path("/sys/fs/cgroup").iterdir():
-            root = hierarchy / CGROUP_ROOT
-            if not hierarchy.is_dir() or hierarchy.name == "unified":
-                continue
-            if create:
-                root.mkdir(exist_ok=True)
-                continue
-            if not root.exists():
-                continue
-            for procs in root.rglob("cgroup.procs"):
-                for pid in procs.read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                _rmdir_retry(d)
-            _rmdir_retry(root)
+    def _cgroups(self) -> None:
+        """The kubelet's cgroup root in every v1 hierarchy (removed by :func:`cleanup`)."""
+        for hierarchy in _hierarchies():
+            (hierarchy / CGROUP_ROOT).mkdir(exist_ok=True)
 
     # ------------------------------------------------------------------ kube-proxy
     def _start_kube_proxy(self) -> None:
@@ -342,7 +346,7 @@ class RealNode:
         corefile.write_text(
             f".:53 {{\n  bind {POD_GATEWAY}\n  errors\n"
             f"  kubernetes cluster.local in-addr.arpa ip6.arpa {{\n"
-            f"    kubeconfig {self.ctx.admin_kubeconfig} localkube-admin\n"
+            f"    kubeconfig {self.ctx.admin_kubeconfig}\n"
             "    pods insecure\n    ttl 5\n  }\n"
             "  cache 5\n}\n"
         )
@@ -358,8 +362,11 @@ class RealNode:
             {
                 "apiVersion": "v1",
                 "kind": "Service",
-                "metadata": {"name": "kube-dns", "namespace": "kube-system",
-                             "labels": {"k8s-app": "kube-dns"}},
+                "metadata": {
+                    "name": "kube-dns",
+                    "namespace": "kube-system",
+                    "labels": {"k8s-app": "kube-dns"},
+                },
                 "spec": {"clusterIP": CLUSTER_DNS, "ports": ports},
             },
             {
@@ -376,7 +383,9 @@ class RealNode:
             },
         ]
         self._kubectl(
-            "apply", "-f", "-",
+            "apply",
+            "-f",
+            "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
         )
 
@@ -415,13 +424,47 @@ class RealNode:
 
     def _kubectl(self, *args: str, input: str | None = None) -> str:
         out = subprocess.run(
-            [str(self.ctx.kube_bin / "kubectl"), f"--kubeconfig={self.ctx.admin_kubeconfig}",
-             *args],
-            input=input, capture_output=True, text=True, check=False, timeout=60,
+            [
+                str(self.ctx.kube_bin / "kubectl"),
+                f"--kubeconfig={self.ctx.admin_kubeconfig}",
+                *args,
+            ],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
         )
         if out.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
         return out.stdout
+
+
+def cleanup(workdir: Path) -> None:
+    """What outlives the node's processes: container shims (they outlive containerd by
+    design; ours are on our socket), the containers in the node's cgroups, the mounts under
+    the work directory and the containerd root. Safe to run more than once."""
+    socket = workdir / "node" / "containerd.sock"
+    for pid in _pids_matching(str(socket)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for hierarchy in _hierarchies():
+        root = hierarchy / CGROUP_ROOT
+        if not root.exists():
+            continue
+        for procs in root.rglob("cgroup.procs"):
+            for member in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(member), signal.SIGKILL)
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            _rmdir_retry(d)
+        _rmdir_retry(root)
+    unmount_below(workdir)
+    unmount_below(containerd_root())
+
+
+def _hierarchies() -> list[Path]:
+    return [h for h in Path("/sys/fs/cgroup").iterdir() if h.is_dir() and h.name != "unified"]
 
 
 def unmount_below(folder: Path) -> None:

@@ -94,7 +94,25 @@ REDIS = _obj(
             {"name": {"type": "string"}, "key": {"type": "string"}}, ["name", "key"]
         ),
         "tls": {"type": "boolean", "default": False},
-    }
+    },
+    None,
+    **{
+        "x-kubernetes-validations": [
+            {
+                # a managed cluster's topology is fixed once formed: the bootstrap Job forms
+                # it once, and slots are not migrated online
+                "rule": "self.mode != 'managed' || oldSelf.mode != 'managed'"
+                " || (self.shards == oldSelf.shards"
+                " && self.replicasPerShard == oldSelf.replicasPerShard)",
+                "message": "shards and replicasPerShard of a live managed Redis Cluster cannot"
+                " change (no online resharding): deploy a new RankerDeployment with the new"
+                " topology and move traffic to it, or delete and re-create this one (its cache"
+                " starts empty)",
+                "fieldPath": ".shards",
+                "reason": "FieldValueForbidden",
+            }
+        ]
+    },
 )
 
 CACHE = _obj(

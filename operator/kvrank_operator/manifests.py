@@ -23,7 +23,10 @@ REDIS_PORT = 6379
 STARTUP_BUDGET_S = 600
 """How long a ranker may take to download, load and warm up its model before the kubelet's
 liveness probe may kill it (a startupProbe holds liveness off until then)."""
-JOB_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
+PURGE_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+"""``kvrank cache purge`` runs from the ranker image and loads torch with the cache code
+(about 700 MB resident, measured)."""
 
 
 def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:
@@ -336,7 +339,7 @@ def purge_job(spec: RankerSpec, instance: str, namespace: str, cache_ns: str) ->
                             "image": spec.model.image,
                             "args": args,
                             "env": env,
-                            "resources": JOB_RESOURCES,
+                            "resources": PURGE_RESOURCES,
                             "securityContext": restricted_container(),
                         }
                     ],
@@ -510,7 +513,7 @@ def managed_redis(
                                 "image": r.image,
                                 "env": bootstrap_env,
                                 "command": ["sh", "-c", bootstrap_script(r.replicas_per_shard)],
-                                "resources": JOB_RESOURCES,
+                                "resources": BOOTSTRAP_RESOURCES,
                                 "securityContext": restricted_container(),
                             }
                         ],

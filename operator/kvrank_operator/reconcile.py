@@ -152,8 +152,9 @@ def _cache_ready(
     encoded = (secret.get("data") or {}).get("password")
     password = base64.b64decode(encoded).decode() if encoded else None
     r = spec.cache.redis
-    health = redis_health(addrs, password, want or r.shards * (1 + r.replicas_per_shard),
-                          r.replicas_per_shard)
+    health = redis_health(
+        addrs, password, want or r.shards * (1 + r.replicas_per_shard), r.replicas_per_shard
+    )
     health.message = f"managed Redis Cluster: {health.message}"
     return health
 

@@ -117,7 +117,7 @@ def observe(
             node = connect(addr)
             info = _text(node.execute_command("CLUSTER", "INFO"))
             peers = parse_nodes(_text(node.execute_command("CLUSTER", "NODES")))
-        except Exception:  # noqa: BLE001 - any failure: this node is unreachable this round
+        except Exception:
             views[addr] = None
             continue
         me = next((p for p in peers if "myself" in p.flags), None)
@@ -188,12 +188,12 @@ def heal(
     gone = _gone(anchor, views)
     if _failover_pending(views):
         return []  # a replica of a lost master: Redis promotes it by itself; wait for that
-    if gone and all(views.values()):
-        for v in views.values():
-            assert v is not None
+    reachable = [v for v in views.values() if v is not None]
+    if gone and len(reachable) == len(views):
+        for node in reachable:
             for p in gone:
-                if p.node_id != v.node_id:
-                    _try(connect(v.addr), "CLUSTER", "FORGET", p.node_id)
+                if p.node_id != node.node_id:
+                    _try(connect(node.addr), "CLUSTER", "FORGET", p.node_id)
         return [f"forgot node {p.node_id[:8]} ({p.addr}), which is gone" for p in gone]
     live = [p for p in anchor.peers if not p.gone]
     served = [False] * SLOTS
@@ -241,7 +241,7 @@ def _failover_pending(views: dict[str, NodeView | None]) -> bool:
 def _try(node: RedisNode, *args: Any) -> None:
     try:
         node.execute_command(*args)
-    except Exception:  # noqa: BLE001 - e.g. the id is already unknown to this node
+    except Exception:
         return
 
 
@@ -283,7 +283,7 @@ def check_and_heal(
         if not health.ok and health.reason != "NodesMissing":
             try:
                 health.actions = heal(views, connect, replicas_per_shard)
-            except Exception as exc:  # noqa: BLE001 - retried on the next resync
+            except Exception as exc:
                 health.actions = [f"healing step failed: {exc}"]
         return health
     finally:

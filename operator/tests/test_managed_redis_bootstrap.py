@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis_nodes import run_bootstrap
 
 from kvrank.localstack import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script, managed_redis
 from kvrank_operator.spec import parse_spec
-from redis_nodes import run_bootstrap
 
 pytestmark = pytest.mark.redis
 PASSWORD = "s3cret-bootstrap"

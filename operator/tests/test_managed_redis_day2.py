@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis_nodes import run_bootstrap
 
 from kvrank.localstack import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script
 from kvrank_operator.redis_cluster import Health, check_and_heal, parse_nodes
-from redis_nodes import run_bootstrap
 
 pytestmark = pytest.mark.redis
 PASSWORD = "s3cret-day2"
@@ -97,9 +97,7 @@ def test_a_master_back_empty_takes_its_slots_back(nodes: list[RedisServer]) -> N
 def test_a_node_back_empty_rejoins_as_a_replica(nodes: list[RedisServer]) -> None:
     assert run_bootstrap(bootstrap_script(1), nodes, PASSWORD).returncode == 0
     deadline = time.monotonic() + 30  # a replica that never synced may not be promoted
-    while any(
-        "master_link_status:down" in n.cli("info", "replication").stdout for n in nodes
-    ):
+    while any("master_link_status:down" in n.cli("info", "replication").stdout for n in nodes):
         assert time.monotonic() < deadline, "replicas did not sync"
         time.sleep(0.2)
     master = next(n for n in nodes if n.cli("role").stdout.split()[0] == "master")
