@@ -39,8 +39,8 @@ services: ## Install the service binaries the tests start (redis-server) when mi
 	@bash scripts/ensure-services.sh
 
 kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … from Go modules
-	@bash e2e/localkube/build.sh >/dev/null
-	@bash e2e/localkube/build-node.sh >/dev/null
+	@# side by side: one downloads while the other compiles
+	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
 
 lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows
 	$(VENV)/bin/ruff check ranker operator e2e images
@@ -83,10 +83,10 @@ bench: venv ## Quick benchmark (CPU, < 1 min): reports/bench-quick.{json,png}
 bench-seed: venv ## Seed-size benchmark (minutes on CPU): reports/bench-seed.{json,png}
 	$(VENV)/bin/kvrank bench --profile seed --json reports/bench-seed.json --plot reports/bench-seed.png
 
-cluster-up: venv kube-bins ## Start a local control plane (no Docker); prints export KUBECONFIG=…
+cluster-up: venv services kube-bins ## Start the local cluster with its real node (root; no Docker); prints export KUBECONFIG=…
 	@PYTHONPATH=e2e $(PY) -m localkube up $(CLUSTER_DIR)
 
-cluster-down: ## Stop the control plane started by cluster-up
+cluster-down: ## Stop the cluster started by cluster-up and restore the host's network
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
 images: ## Build the ranker, operator and redis images (needs a Docker engine; PYTHON_IMAGE= to change the base)

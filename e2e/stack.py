@@ -359,8 +359,9 @@ class Stack:
         return [httpx.get(f"{u}/metrics", timeout=10).text for u in self.pod_urls(service)]
 
     # ------------------------------------------------------------------ Redis
-    def redis_pods(self) -> list[str]:
-        pods = self.list("pods", REDIS_SELECTOR)
+    def redis_pods(self, instance: str = "feed-ranker") -> list[str]:
+        """The running pods of ``instance``'s managed Redis Cluster."""
+        pods = self.list("pods", f"app.kubernetes.io/instance={instance},{REDIS_SELECTOR}")
         return sorted(
             p["metadata"]["name"]
             for p in pods
@@ -382,18 +383,18 @@ class Stack:
             check=check,
         )
 
-    def redis_keys(self, cache_ns: str) -> int:
+    def redis_keys(self, cache_ns: str, instance: str = "feed-ranker") -> int:
         total = 0
-        for pod in self.redis_pods():
+        for pod in self.redis_pods(instance):
             for pattern in (f"kvrank:{cache_ns}:*", f"kvrank-head:{cache_ns}:*"):
                 out = self.redis_cli(pod, "--scan", "--pattern", pattern, check=False)
                 total += len([line for line in out.splitlines() if line.strip()])
         return total
 
-    def kill_redis_node(self) -> str:
-        """Delete one Redis pod at once (its slots go dark); the StatefulSet brings it back
-        empty. Returns the pod's name."""
-        pod = self.redis_pods()[-1]
+    def kill_redis_node(self, instance: str = "feed-ranker") -> str:
+        """Delete one of ``instance``'s Redis pods at once (its slots go dark); the
+        StatefulSet brings it back empty. Returns the pod's name."""
+        pod = self.redis_pods(instance)[-1]
         self.kubectl("delete", "pod", "-n", NS, pod, "--grace-period=0", "--force")
         return pod
 

@@ -94,6 +94,22 @@ class NodeNetwork:
             self.inside("sysctl", "-qw", f"{key}={value}")
         for cidr in (POD_SUPERNET, SERVICE_SUPERNET):
             self.inside("ip", "route", "add", "blackhole", cidr)
+        # the host's requests reach pods from the node's bridge address: pods get no route
+        # to the host at all
+        self.inside(
+            "iptables",
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            f"{HOST_IP}/32",
+            "-o",
+            BRIDGE,
+            "-j",
+            "MASQUERADE",
+        )
         # the host reaches pods and ClusterIPs through the node; the rest of the ranges nowhere
         for cidr in (POD_CIDR, SERVICE_CIDR):
             run("ip", "route", "add", cidr, "via", NODE_IP, "dev", HOST_VETH)
