@@ -589,6 +589,7 @@ class KindStack(Stack):
     def start(self) -> KindStack:
         self.cluster.start()
         try:
+            self.cluster.advertise_gpus(8)
             for ref in self.images.all():
                 self.cluster.load_image(ref)
             self.prepare_namespaces()

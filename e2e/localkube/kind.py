@@ -7,6 +7,7 @@ helm are taken from ``PATH``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import uuid
@@ -16,8 +17,6 @@ from pathlib import Path
 from localkube.tools import ClusterTools
 
 KIND_CONFIG = Path(__file__).resolve().parent.parent / "kind-config.yaml"
-MODELS_MOUNT = Path("/tmp/kvrank-e2e-models")
-"""The host folder ``kind-config.yaml`` mounts into every worker at ``/kvrank-models``."""
 
 
 @dataclass
@@ -33,7 +32,6 @@ class KindCluster(ClusterTools):
                 raise RuntimeError(f"a kind cluster needs '{tool}' on PATH")
 
     def start(self, timeout: float = 300.0) -> KindCluster:
-        MODELS_MOUNT.mkdir(parents=True, exist_ok=True)  # kind-config.yaml mounts it
         subprocess.run(
             [
                 "kind",
@@ -60,6 +58,21 @@ class KindCluster(ClusterTools):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def advertise_gpus(self, count: int) -> None:
+        """A fake ``nvidia.com/gpu`` extended resource on every worker (as the local node
+        has), so the examples' GPU requests schedule."""
+        names = self.kubectl("get", "nodes", "-o", "name").stdout.split()
+        for node in names:
+            if "control-plane" in node:
+                continue
+            for status in ("capacity", "allocatable"):
+                patch = [
+                    {"op": "add", "path": f"/status/{status}/nvidia.com~1gpu", "value": str(count)}
+                ]
+                self.kubectl(
+                    "patch", node, "--subresource=status", "--type=json", "-p", json.dumps(patch)
+                )
 
     def load_image(self, image: str) -> None:
         subprocess.run(["kind", "load", "docker-image", image, "--name", self.name], check=True)
