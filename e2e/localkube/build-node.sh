@@ -26,18 +26,9 @@ WORK="$OUT/src"
 BINARIES=(containerd containerd-shim-runc-v2 ctr runc crictl coredns kube-router pause actionlint)
 
 export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=mod"
-START=$SECONDS
-log() { printf '[localkube-node-build +%4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-
-have_all() {
-  for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
-}
-
-if have_all; then
-  log "cached: $BIN"
-  echo "$BIN"
-  exit 0
-fi
+LOG_TAG=localkube-node-build
+# shellcheck source=build-common.sh
+source "$(dirname "$0")/build-common.sh"
 command -v go >/dev/null || { echo "localkube-node-build: 'go' is not on PATH" >&2; exit 1; }
 command -v gcc >/dev/null || { echo "localkube-node-build: 'gcc' is not on PATH" >&2; exit 1; }
 [[ -f /usr/include/seccomp.h ]] || {

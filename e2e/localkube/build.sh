@@ -22,18 +22,9 @@ WORK="$OUT/src"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy)
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod"
-START=$SECONDS
-log() { printf '[localkube-build +%4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-
-have_all() {
-  for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
-}
-
-if have_all; then
-  log "cached: $BIN"
-  echo "$BIN"
-  exit 0
-fi
+LOG_TAG=localkube-build
+# shellcheck source=build-common.sh
+source "$(dirname "$0")/build-common.sh"
 
 command -v go >/dev/null || { echo "localkube-build: 'go' is not on PATH; install Go >= 1.26" >&2; exit 1; }
 PROXY="$(go env GOPROXY | cut -d, -f1)"
