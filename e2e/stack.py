@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import yaml
 from localkube.engine import Docker, Images
+from localkube.images import PAUSE_IMAGE
 from localkube.kind import KindCluster
 from localkube.local import LocalCluster
 from localkube.network import POD_GATEWAY
@@ -416,6 +417,7 @@ class LocalStack(Stack):
             assert node is not None
             for ref in self.images.all():
                 node.images.import_from_docker(["docker"], self.docker.env, ref)
+            node.images.prune(keep={*self.images.all(), PAUSE_IMAGE})
             self.prepare_namespaces()
             self._start_prometheus()
         except BaseException:

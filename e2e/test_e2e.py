@@ -164,6 +164,19 @@ def test_02_basic_example_serves_and_caches(stack: Stack) -> None:
         assert refs and refs[0]["uid"] == uid, f"{kind}/{name} is not owned by feed-ranker"
     assert stack.get("deployment", "feed-ranker-v1")["status"]["readyReplicas"] == 2  # type: ignore[index]
     assert len(stack.endpoints("feed-ranker")) == 2
+    # the bootstrap Job formed the managed Redis Cluster over the headless Service's DNS names
+    stack.wait_for(
+        lambda: (
+            (stack.get("job", "feed-ranker-redis-bootstrap") or {})
+            .get("status", {})
+            .get("succeeded")
+        ),
+        "the Redis bootstrap Job succeeded",
+        180,
+    )
+    for pod in stack.redis_pods():
+        info = stack.redis_cli(pod, "cluster", "info")
+        assert "cluster_state:ok" in info and "cluster_slots_assigned:16384" in info, info
     first = ok_score(stack, "feed-ranker", "basic-user")
     assert first["cache"] == "miss" and first["model_version"] == "v1"
     second = ok_score(stack, "feed-ranker", "basic-user")

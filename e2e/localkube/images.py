@@ -6,6 +6,9 @@ docker-archive around the static ``pause`` binary that ``build-node.sh`` compile
 product's images come from the Docker engine that ``make images`` built them in, through
 ``docker save | ctr images import``, skipped when containerd already holds the same image
 (same config digest), so a reused containerd root imports the multi-GB ranker image once.
+Imports drop the layer blobs once unpacked (the snapshots are what containers run from), and
+:meth:`NodeImages.prune` removes every other image, so the reused root holds one copy of
+each current image instead of one per build.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class NodeImages:
         return None
 
     def import_archive(self, archive: Path, pin: bool = False) -> None:
-        self.ctr("images", "import", "--no-unpack=false", str(archive), timeout=600)
+        self.ctr("images", "import", "--discard-unpacked-layers", str(archive), timeout=600)
         if pin:
             for ref in _archive_refs(archive):
                 self.ctr("images", "label", ref, "io.cri-containerd.pinned=pinned")
@@ -116,7 +119,7 @@ class NodeImages:
         save = subprocess.Popen([*docker, "save", ref], stdout=subprocess.PIPE, env=env)
         assert save.stdout is not None
         imported = subprocess.run(
-            [*self.base, "images", "import", "-"],
+            [*self.base, "images", "import", "--discard-unpacked-layers", "-"],
             stdin=save.stdout,
             capture_output=True,
             timeout=1800,
@@ -126,6 +129,15 @@ class NodeImages:
         if save.wait() != 0 or imported.returncode != 0:
             raise RuntimeError(f"importing {ref} failed: {imported.stderr.decode()[-2000:]}")
         return True
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove every image but ``keep`` (older builds, the ``sha256:`` names an import
+        adds); containerd's garbage collector then frees their snapshots. Returns what went."""
+        refs = [line.split()[0] for line in self.ctr("images", "ls", "-q").splitlines() if line]
+        gone = [ref for ref in refs if ref not in keep]
+        if gone:
+            self.ctr("images", "rm", *gone, timeout=600)
+        return gone
 
 
 def _archive_refs(archive: Path) -> list[str]:
