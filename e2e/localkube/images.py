@@ -97,7 +97,9 @@ class NodeImages:
         return None
 
     def import_archive(self, archive: Path, pin: bool = False) -> None:
-        self.ctr("images", "import", "--discard-unpacked-layers", str(archive), timeout=600)
+        self.ctr(
+            "images", "import", "--local", "--discard-unpacked-layers", str(archive), timeout=600
+        )
         if pin:
             for ref in _archive_refs(archive):
                 self.ctr("images", "label", ref, "io.cri-containerd.pinned=pinned")
@@ -119,7 +121,7 @@ class NodeImages:
         save = subprocess.Popen([*docker, "save", ref], stdout=subprocess.PIPE, env=env)
         assert save.stdout is not None
         imported = subprocess.run(
-            [*self.base, "images", "import", "--discard-unpacked-layers", "-"],
+            [*self.base, "images", "import", "--local", "--discard-unpacked-layers", "-"],
             stdin=save.stdout,
             capture_output=True,
             timeout=1800,
