@@ -70,10 +70,8 @@ class NodeImages:
     def __init__(self, ctr: Path, address: Path) -> None:
         self.base = [str(ctr), f"--address={address}", "--namespace=k8s.io"]
 
-    def ctr(self, *args: str, input: bytes | None = None, timeout: float = 120) -> str:
-        out = subprocess.run(
-            [*self.base, *args], input=input, capture_output=True, timeout=timeout, check=False
-        )
+    def ctr(self, *args: str, timeout: float = 120) -> str:
+        out = subprocess.run([*self.base, *args], capture_output=True, timeout=timeout, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} failed: {out.stderr.decode()[-2000:]}")
         return out.stdout.decode()
