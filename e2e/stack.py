@@ -42,10 +42,10 @@ from localkube.local import LocalCluster
 from localkube.network import POD_GATEWAY
 from localkube.processes import free_port
 
-from kvrank.localstack import free_port_pair
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
+from kvrank.tools.processes import free_port_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kvrank-operator"

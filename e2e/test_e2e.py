@@ -37,7 +37,7 @@ from stack import (
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
-from kvrank.workload import Workload, WorkloadSettings, request_body
+from kvrank.tools.workload import Workload, WorkloadSettings, request_body
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from kvrank.localstack import RedisServer
+from kvrank.tools.processes import RedisServer
 
 
 def run_bootstrap(

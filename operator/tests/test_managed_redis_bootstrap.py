@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from redis_nodes import run_bootstrap
 
-from kvrank.localstack import RedisServer, free_port_pair
+from kvrank.tools.processes import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script, managed_redis
 from kvrank_operator.spec import parse_spec
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from redis_nodes import run_bootstrap
 
-from kvrank.localstack import RedisServer, free_port_pair
+from kvrank.tools.processes import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script
 from kvrank_operator.redis_cluster import Health, check_and_heal, parse_nodes
 

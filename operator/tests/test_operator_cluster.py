@@ -308,7 +308,7 @@ def test_ttl_converges_from_a_real_rankers_metrics_via_prometheus(
     from kvrank.model.artifact import save_model
     from kvrank.model.config import ModelConfig
     from kvrank.model.ranker import RankerModel
-    from kvrank.workload import Workload, WorkloadSettings
+    from kvrank.tools.workload import Workload, WorkloadSettings
 
     def port() -> int:
         with socket.socket() as s:

@@ -42,7 +42,7 @@ def train(
 ) -> None:
     """Train the ranker on synthetic data, report held-out AUC (and from INT8 K/V), write an
     artifact."""
-    from kvrank.jobs import train_and_save
+    from kvrank.tools.jobs import train_and_save
 
     if profile not in TRAIN_PROFILES:
         raise typer.BadParameter(f"profile must be one of {TRAIN_PROFILES}", param_hint="--profile")
@@ -70,12 +70,12 @@ def bench(
     import tempfile
 
     from kvrank.bench.runner import run_bench
-    from kvrank.localstack import LocalStack
+    from kvrank.tools.processes import ProcessStack
 
     counts = [int(c) for c in candidates.split(",")] if candidates else None
     if profile not in PROFILES:
         raise typer.BadParameter(f"profile must be one of {PROFILES}", param_hint="--profile")
-    with LocalStack(Path(tempfile.mkdtemp(prefix="kvrank-bench-"))) as stack:
+    with ProcessStack(Path(tempfile.mkdtemp(prefix="kvrank-bench-"))) as stack:
         url = stack.start_redis() if l2 and shutil.which("redis-server") else None
         run_bench(profile, device, counts, json_out, plot, model, url)
 
@@ -88,7 +88,7 @@ def demo(
     report: Annotated[Path, typer.Option(help="Report folder.")] = Path("reports/demo"),
 ) -> None:
     """Train or load the small model, serve it with and without the cache, replay traffic."""
-    from kvrank.jobs import run_demo
+    from kvrank.tools.jobs import run_demo
 
     run_demo(model, report)
 
@@ -160,7 +160,7 @@ def loadtest(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
 ) -> None:
     """Replay a workload against cache-enabled and cache-disabled servers, side by side."""
-    from kvrank.jobs import run_loadtest
+    from kvrank.tools.jobs import run_loadtest
 
     if profile not in ("smoke", "quick", "full"):
         raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
@@ -178,7 +178,7 @@ def cache_purge(
     import asyncio
     import os
 
-    from kvrank.cache.redis_tier import RedisSettings, purge_namespace
+    from kvrank.cache import RedisSettings, purge_namespace
 
     settings = RedisSettings(
         redis, cluster=cluster, password=os.environ.get("KVRANK_REDIS_PASSWORD")
@@ -199,12 +199,10 @@ def cache_invalidate(
     import asyncio
     import os
 
-    from kvrank.cache.l1 import L1Cache
-    from kvrank.cache.redis_tier import RedisSettings, RedisTier
-    from kvrank.cache.tiered import TieredCache
+    from kvrank.cache import RedisSettings, RedisStore
 
     async def run() -> int:
-        tier = RedisTier(
+        store = RedisStore(
             RedisSettings(
                 redis,
                 cluster=cluster,
@@ -213,10 +211,9 @@ def cache_invalidate(
             )
         )
         try:
-            cache = TieredCache(L1Cache(0), tier, model_version, "")
-            return await cache.invalidate_user(namespace, user_id)
+            return await store.delete_user(namespace, model_version, user_id)
         finally:
-            await tier.close()
+            await store.close()
 
     typer.echo(f"invalidated user {user_id!r}: {asyncio.run(run())} entries removed")
 

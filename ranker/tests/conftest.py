@@ -84,8 +84,8 @@ def tiny_cfg() -> ModelConfig:
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from kvrank.localstack import RedisCluster, free_port_pair, start_redis_cluster  # noqa: E402
-from kvrank.localstack import RedisServer as RedisProcess  # noqa: E402
+from kvrank.tools.processes import RedisCluster, free_port_pair, start_redis_cluster  # noqa: E402
+from kvrank.tools.processes import RedisServer as RedisProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")

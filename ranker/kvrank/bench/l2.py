@@ -1,4 +1,4 @@
-"""L2 round trip of one entry: write then read a ``UserKV`` through the Redis tier.
+"""L2 round trip of one entry: encode, write, read and decode a ``UserKV`` through Redis.
 
 Measures the wall time a pod pays to share K/V through Redis, for the entry sizes that
 matter (the seed model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB).
@@ -13,29 +13,37 @@ from typing import Any
 
 import numpy as np
 
-from kvrank.cache.entry import encode_entry
-from kvrank.cache.redis_tier import RedisSettings, RedisTier
+from kvrank.cache import (
+    CacheSettings,
+    L1Store,
+    RedisSettings,
+    RedisStore,
+    TieredCache,
+    encode_entry,
+)
 from kvrank.model.kv import UserKV
 
 
 async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
-    tier = RedisTier(RedisSettings(url, op_timeout_s=10.0))
-    key = "kvrank:bench:v:u:h"
+    store = RedisStore(RedisSettings(url, op_timeout_s=10.0))
+    # L1 holds nothing: every read below goes to Redis and through the entry codec
+    cache = TieredCache(CacheSettings("bench", kv.model_version, kv.fingerprint), L1Store(0), store)
+    key = cache.key("u", "h")
     put_ms, get_ms = [], []
     try:
         for i in range(reps + 2):
             t0 = time.perf_counter()
-            assert await tier.put(key, kv, ttl_s=60, jitter=0.0)
+            await cache.put(key, kv, kv.length)
             t1 = time.perf_counter()
-            got = await tier.get(key, kv.model_version, kv.fingerprint)
+            got = await cache.get(key)
             t2 = time.perf_counter()
             assert got is not None
             if i >= 2:  # warm-up
                 put_ms.append((t1 - t0) * 1e3)
                 get_ms.append((t2 - t1) * 1e3)
-        await tier.delete(key)
+        await cache.invalidate_user("u")
     finally:
-        await tier.close()
+        await cache.close()
     return {
         "entry_bytes": len(encode_entry(kv)),
         "put_p50_ms": statistics.median(put_ms),

@@ -10,12 +10,15 @@ of input or model gives a different key. Pure functions; no I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvrank.model.inputs import UserFeatures
+if TYPE_CHECKING:  # keys stay importable without torch (admin tools only need names)
+    from kvrank.model.inputs import UserFeatures
 
 PREFIX = "kvrank"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -53,6 +56,35 @@ class CacheKey:
 
     def lock_key(self) -> str:
         return f"{PREFIX}-lock:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
+
+
+@dataclass(frozen=True)
+class Head:
+    """The latest cached state of one user: how many events and the chain hash there.
+
+    Every tier keeps one per user next to the entries, so that a request whose events
+    extend a cached sequence finds the entry of that prefix.
+    """
+
+    length: int
+    seq_hash: str
+
+    def to_json(self) -> str:
+        return json.dumps({"length": self.length, "seq_hash": self.seq_hash})
+
+    @staticmethod
+    def from_json(data: bytes | str) -> Head | None:
+        """``None`` for anything that is not a head record (a corrupt head is a miss)."""
+        try:
+            doc = json.loads(data)
+            return Head(int(doc["length"]), str(doc["seq_hash"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def entry_prefix(namespace: str, model_version: str, user_id: str) -> str:
+    """The start of every entry key of one user (for deleting all of them)."""
+    return f"{PREFIX}:{namespace}:{model_version}:{user_id}:"
 
 
 def head_key(namespace: str, model_version: str, user_id: str) -> str:

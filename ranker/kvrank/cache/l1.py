@@ -6,7 +6,8 @@ exceeded, the least recently used probation entry goes first (one-shot users), a
 when probation is empty the least recently used protected entry (repeat users). Protected
 may hold at most ``protected_fraction`` of the budget; overflow demotes its LRU entry back
 to probation. Entries carry an expiry time (the TTL in force when they were written).
-Not thread-safe by design: the server calls it from one event loop.
+Each user's :class:`Head` lives as long as the entry it points at. Not thread-safe by
+design: the server calls it from one event loop.
 """
 
 from __future__ import annotations
@@ -16,21 +17,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key
 from kvrank.model.kv import UserKV
 
 
 @dataclass
 class L1Stats:
-    """Counters since the last :meth:`reset` (collected into Prometheus by the service)."""
+    """Totals since start (monotonic; the cache's collector reads them at scrape time)."""
 
     hits: int = 0
     misses: int = 0
     evictions: int = 0
     expired: int = 0
     promotions: int = 0
-
-    def reset(self) -> None:
-        self.hits = self.misses = self.evictions = self.expired = self.promotions = 0
 
 
 @dataclass
@@ -41,8 +40,8 @@ class _Slot:
 
 
 @dataclass
-class L1Cache:
-    """LRU by bytes with two activity tiers (see module docstring)."""
+class L1Store:
+    """LRU by bytes with two activity tiers (see module docstring); a ``Store[UserKV]``."""
 
     budget_bytes: int
     protected_fraction: float = 0.8
@@ -55,6 +54,7 @@ class L1Cache:
         self._probation: OrderedDict[str, _Slot] = OrderedDict()
         self._protected: OrderedDict[str, _Slot] = OrderedDict()
         self._bytes = {"probation": 0, "protected": 0}
+        self._heads: dict[str, Head] = {}
 
     @property
     def nbytes(self) -> int:
@@ -63,13 +63,42 @@ class L1Cache:
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)
 
-    def get(self, key: str) -> UserKV | None:
+    async def get(self, key: CacheKey) -> UserKV | None:
+        return self._lookup(key.to_string())
+
+    async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
+        """Insert or replace; ``False`` when one entry alone exceeds the budget."""
+        text = key.to_string()
+        self._delete(text)
+        if value.nbytes > self.budget_bytes or ttl_s <= 0:
+            return False
+        self._insert(text, _Slot(value, value.nbytes, self.clock() + ttl_s), "probation")
+        self._heads[key.head_key()] = Head(events, key.seq_hash)
+        self._evict_to_budget()
+        return True
+
+    async def delete(self, key: CacheKey) -> bool:
+        return self._delete(key.to_string())
+
+    async def head(self, key: CacheKey) -> Head | None:
+        return self._heads.get(key.head_key())
+
+    async def delete_user(self, namespace: str, model_version: str, user_id: str) -> int:
+        prefix = entry_prefix(namespace, model_version, user_id)
+        keys = [k for k in (*self._probation, *self._protected) if k.startswith(prefix)]
+        for k in keys:
+            self._delete(k)
+        self._heads.pop(head_key(namespace, model_version, user_id), None)
+        return len(keys)
+
+    def _lookup(self, key: str) -> UserKV | None:
+        """The synchronous read behind :meth:`get` (counts hits, misses, expiries)."""
         slot, segment = self._find(key)
         if slot is None or segment is None:
             self.stats.misses += 1
             return None
         if slot.expires_at <= self.clock():
-            self._remove(key, segment)
+            self._drop(key, segment)
             self.stats.expired += 1
             self.stats.misses += 1
             return None
@@ -82,29 +111,6 @@ class L1Cache:
         else:
             self._protected.move_to_end(key)
         return slot.kv
-
-    def put(self, key: str, kv: UserKV, ttl_s: float) -> bool:
-        """Insert or replace; returns False when one entry alone exceeds the budget."""
-        nbytes = kv.nbytes
-        self.delete(key)
-        if nbytes > self.budget_bytes or ttl_s <= 0:
-            return False
-        self._insert(key, _Slot(kv, nbytes, self.clock() + ttl_s), "probation")
-        self._evict_to_budget()
-        return True
-
-    def delete(self, key: str) -> bool:
-        _, segment = self._find(key)
-        if segment is None:
-            return False
-        self._remove(key, segment)
-        return True
-
-    def delete_where(self, predicate: Callable[[str], bool]) -> int:
-        keys = [k for k in (*self._probation, *self._protected) if predicate(k)]
-        for k in keys:
-            self.delete(k)
-        return len(keys)
 
     # ----------------------------------------------------------------- internals
     def _find(self, key: str) -> tuple[_Slot | None, str | None]:
@@ -120,6 +126,21 @@ class L1Cache:
     def _insert(self, key: str, slot: _Slot, segment: str) -> None:
         self._segment(segment)[key] = slot
         self._bytes[segment] += slot.nbytes
+
+    def _delete(self, key: str) -> bool:
+        _, segment = self._find(key)
+        if segment is None:
+            return False
+        self._drop(key, segment)
+        return True
+
+    def _drop(self, key: str, segment: str) -> None:
+        """Remove an entry for good: with the head pointing at it (heads stay bounded)."""
+        self._remove(key, segment)
+        parsed = CacheKey.from_string(key)
+        head = self._heads.get(parsed.head_key())
+        if head is not None and head.seq_hash == parsed.seq_hash:
+            del self._heads[parsed.head_key()]
 
     def _remove(self, key: str, segment: str) -> _Slot:
         slot = self._segment(segment).pop(key)
@@ -138,5 +159,5 @@ class L1Cache:
         while self.nbytes > self.budget_bytes:
             segment = "probation" if self._probation else "protected"
             key = next(iter(self._segment(segment)))
-            self._remove(key, segment)
+            self._drop(key, segment)
             self.stats.evictions += 1

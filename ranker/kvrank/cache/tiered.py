@@ -1,116 +1,245 @@
-"""The two-level cache: read-through/write-through over L1 (device) and L2 (Redis).
+"""The tiered cache: the only cache object the scoring service talks to.
 
-``get`` looks in L1, then L2 (a hit is promoted to L1); ``put`` writes both. Per-user
-"head" records (latest cached length and chain hash) let an appended sequence find its
-prefix entry. L2 is optional (``None``: L1 only); every L2 failure is already a miss in
-:mod:`kvrank.cache.redis_tier`.
+``get_or_create(key, creator)`` is dogpile's regenerate: L1, then — once per key in this
+process (singleflight) — L2, then a cross-pod lock: the winner double-checks L2, runs the
+creator and writes the entry through to both tiers; a loser waits a bounded time for the
+winner's entry and computes itself when it does not come. An L2 hit is promoted to L1.
+``find_prefix`` serves incremental extends: the entry of the longest cached prefix of a
+user's sequence, through the user's head record. The cache owns its TTL policy and the
+entry codec (L2 holds bytes). Every tier failure and every corrupt entry is a miss; this
+module never raises for one.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Literal
+import enum
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
-
-from kvrank.cache.keys import PREFIX, CacheKey, head_key
-from kvrank.cache.l1 import L1Cache
-from kvrank.cache.redis_tier import RedisTier
+from kvrank.cache.entry import decode_entry, encode_entry
+from kvrank.cache.keys import CacheKey
+from kvrank.cache.l1 import L1Store
+from kvrank.cache.redis_store import Lock, LockState, RedisStore
+from kvrank.cache.singleflight import SingleFlight, wait_for_peer
+from kvrank.cache.ttl import AdaptiveTTL
+from kvrank.errors import CorruptEntryError
 from kvrank.model.kv import UserKV
 
-Tier = Literal["l1", "l2"]
+
+class Outcome(enum.StrEnum):
+    """Where a request's user-side K/V came from (the ``cache`` field of a response)."""
+
+    L1 = "l1"
+    L2 = "l2"
+    INCREMENTAL = "incremental"
+    """A cached prefix extended by the new events."""
+    MISS = "miss"
+    """Encoded from scratch."""
+    NONE = "none"
+    """Served without a K/V cache (the no-cache baseline)."""
 
 
 @dataclass(frozen=True)
-class Head:
-    """The latest cached state of one user: how many events and the chain hash there."""
+class Created:
+    """What a creator hands back: the entry and how it was made."""
 
-    length: int
-    seq_hash: str
+    kv: UserKV
+    outcome: Outcome
 
-    def to_json(self) -> str:
-        return json.dumps({"length": self.length, "seq_hash": self.seq_hash})
 
-    @staticmethod
-    def from_json(data: bytes | str) -> Head | None:
-        try:
-            doc = json.loads(data)
-            return Head(int(doc["length"]), str(doc["seq_hash"]))
-        except (ValueError, KeyError, TypeError):
-            return None
+@dataclass(frozen=True)
+class Prefix:
+    """A cached entry of an earlier, shorter state of a user's sequence."""
+
+    kv: UserKV
+    events: int
+    """How many of the user's events it covers: extend with the ones after."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The answer to one ``get_or_create``: the entry, its outcome, and where time went."""
+
+    kv: UserKV
+    outcome: Outcome
+    timings_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    namespace: str
+    model_version: str
+    fingerprint: str
+    """Of the model config: an entry of another architecture never decodes."""
+    device: str = "cpu"
+    lock_wait_s: float = 0.010
+    """Bound on waiting for another pod's encode before computing ourselves."""
+    lock_ttl_s: float = 2.0
+    """A crashed lock holder blocks others for at most this long."""
+
+
+@dataclass
+class CacheStats:
+    """Totals since start (monotonic), read by :class:`~kvrank.cache.metrics.CacheCollector`."""
+
+    lookups: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(tier, hit|miss) → count, for the request path's first look in each tier."""
+    corrupt: int = 0
+    """L2 entries that failed validation (deleted, served as misses)."""
+
+    def count(self, tier: str, hit: bool) -> None:
+        k = (tier, "hit" if hit else "miss")
+        self.lookups[k] = self.lookups.get(k, 0) + 1
 
 
 @dataclass
 class TieredCache:
-    l1: L1Cache
-    l2: RedisTier | None
-    model_version: str
-    fingerprint: str
-    device: str = "cpu"
+    settings: CacheSettings
+    l1: L1Store
+    l2: RedisStore | None = None
+    ttl: AdaptiveTTL = field(default_factory=AdaptiveTTL)
+    stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
-        self._heads: dict[str, Head] = {}
+        self.flight: SingleFlight[Lookup] = SingleFlight()
 
-    async def get(self, key: CacheKey, ttl_s: float) -> tuple[UserKV | None, Tier | None]:
-        text = key.to_string()
-        kv = self.l1.get(text)
+    def key(self, user_id: str, seq_hash: str) -> CacheKey:
+        s = self.settings
+        return CacheKey(s.namespace, s.model_version, user_id, seq_hash)
+
+    async def get_or_create(
+        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+    ) -> Lookup:
+        """The entry for ``key`` from the nearest tier, or made once by ``creator``.
+
+        ``events``: how many user events ``key``'s sequence has (kept in the user's head).
+        """
+        started = time.perf_counter()
+        kv = await self.l1.get(key)
+        self.stats.count("l1", kv is not None)
         if kv is not None:
-            return kv, "l1"
-        if self.l2 is None:
-            return None, None
-        kv = await self.l2.get(text, self.model_version, self.fingerprint, self.device)
-        if kv is None:
-            return None, None
-        self.l1.put(text, kv, ttl_s)
-        return kv, "l2"
+            return Lookup(kv, Outcome.L1, {"l1": _ms(started)})
+        timings = {"l1": _ms(started)}
+        found = await self.flight.do(
+            key.to_string(), lambda: self._from_l2_or_create(key, events, creator)
+        )
+        return Lookup(found.kv, found.outcome, {**timings, **found.timings_ms})
 
-    async def get_l1(self, key: CacheKey) -> tuple[UserKV | None, Tier | None]:
-        kv = self.l1.get(key.to_string())
-        return (kv, "l1") if kv is not None else (None, None)
-
-    async def get_l2(self, key: CacheKey) -> UserKV | None:
-        if self.l2 is None:
+    async def find_prefix(self, key: CacheKey, chain: list[str]) -> Prefix | None:
+        """The cached entry of the longest strict prefix of ``chain`` (``key``'s sequence)."""
+        head = await self.l2.head(key) if self.l2 is not None else None
+        head = head or await self.l1.head(key)  # L2 knows other pods' heads; L1 ours
+        if head is None or not 0 < head.length < len(chain) - 1:
             return None
-        return await self.l2.get(key.to_string(), self.model_version, self.fingerprint, self.device)
+        if chain[head.length] != head.seq_hash:
+            return None  # the user's history changed, not just grew
+        prefix = self.key(key.user_id, head.seq_hash)
+        kv = await self.l1.get(prefix)
+        if kv is None:
+            kv = await self._l2_entry(prefix)
+            if kv is not None:  # promoted: the next extend of this user finds it in L1
+                await self.l1.put(prefix, kv, self.ttl.current(), head.length)
+        return None if kv is None else Prefix(kv, head.length)
 
-    async def put(
-        self, key: CacheKey, kv: UserKV, length: int, ttl_s: float, jitter: float
-    ) -> None:
-        text = key.to_string()
-        self.l1.put(text, kv, ttl_s)
-        head = Head(length, key.seq_hash)
-        self._heads[key.head_key()] = head
-        # payload before metadata: a head never points at an entry not yet written
-        if self.l2 is not None and await self.l2.put(text, kv, ttl_s, jitter):
-            await self.l2.set_raw(key.head_key(), head.to_json(), ttl_s)
+    async def get(self, key: CacheKey) -> UserKV | None:
+        """A plain read, L1 then L2, that creates and promotes nothing."""
+        kv = await self.l1.get(key)
+        return kv if kv is not None else await self._l2_entry(key)
 
-    async def head(self, namespace: str, user_id: str) -> Head | None:
-        hk = head_key(namespace, self.model_version, user_id)
+    async def put(self, key: CacheKey, kv: UserKV, events: int) -> None:
+        """Write through: L1, then L2 with jitter on the TTL."""
+        ttl = self.ttl.current()
+        await self.l1.put(key, kv, ttl, events)
         if self.l2 is not None:
-            raw = await self.l2.get_raw(hk)
-            if raw is not None:
-                return Head.from_json(raw)
-        return self._heads.get(hk)
+            await self.l2.put(key, encode_entry(kv), self.ttl.jittered(ttl), events)
 
-    async def invalidate_user(self, namespace: str, user_id: str) -> int:
-        """Drop every entry of one user (L1 and L2) and its head; returns entries removed."""
-        prefix = f"{PREFIX}:{namespace}:{self.model_version}:{user_id}:"
-        removed = self.l1.delete_where(lambda k: k.startswith(prefix))
-        hk = head_key(namespace, self.model_version, user_id)
-        self._heads.pop(hk, None)
+    async def invalidate_user(self, user_id: str) -> int:
+        """Drop every entry of one user (both tiers) and its head; returns entries removed."""
+        s = self.settings
+        removed = await self.l1.delete_user(s.namespace, s.model_version, user_id)
         if self.l2 is not None:
-            keys = await self._scan(prefix + "*")
-            removed = max(removed, await self.l2.delete(*keys))
-            await self.l2.delete(hk)
+            removed = max(removed, await self.l2.delete_user(s.namespace, s.model_version, user_id))
         return removed
 
-    async def _scan(self, pattern: str) -> list[str]:
-        assert self.l2 is not None
-        keys: list[str] = []
+    async def ping(self) -> bool:
+        """Whether L2 answers (``True`` without L2: nothing to reach)."""
+        return self.l2 is None or await self.l2.ping()
+
+    async def close(self) -> None:
+        if self.l2 is not None:
+            await self.l2.close()
+
+    async def _from_l2_or_create(
+        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+    ) -> Lookup:
+        started = time.perf_counter()
+        kv, serde_ms = await self._read_l2(key)
+        timings = {"l2": _ms(started)} | ({} if serde_ms is None else {"serde": serde_ms})
+        if self.l2 is not None:
+            self.stats.count("l2", kv is not None)
+        if kv is not None:
+            await self.l1.put(key, kv, self.ttl.current(), events)
+            return Lookup(kv, Outcome.L2, timings)
+        found = await self._regenerate(key, events, creator)
+        return Lookup(found.kv, found.outcome, timings)
+
+    async def _regenerate(
+        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+    ) -> Created:
+        """Lock, peer wait, double-check, create, write through (see module docstring)."""
+        lock = await self.l2.acquire(key, self.settings.lock_ttl_s) if self.l2 else _NO_LOCK
         try:
-            async for key in self.l2.client.scan_iter(match=pattern, count=500):
-                keys.append(key.decode() if isinstance(key, bytes) else str(key))
-        except (OSError, RedisError):
-            return keys  # invalidation is best effort while L2 is failing
-        return keys
+            if lock.state is not LockState.UNAVAILABLE:
+                peer = await self._peer_entry(key, lock)
+                if peer is not None:
+                    await self.l1.put(key, peer, self.ttl.current(), events)
+                    return Created(peer, Outcome.L2)
+            created = await creator()
+            await self.put(key, created.kv, events)
+            return created
+        finally:
+            if self.l2 is not None:
+                await self.l2.release(key, lock)
+
+    async def _peer_entry(self, key: CacheKey, lock: Lock) -> UserKV | None:
+        """Another pod's entry: waited for while it holds the lock, or double-checked once we
+        hold it (it may have stored and unlocked between our miss and our lock)."""
+        flight = self.flight.stats
+        if lock.state is LockState.HELD:
+            flight.remote_waits += 1
+            kv = await wait_for_peer(lambda: self._l2_entry(key), self.settings.lock_wait_s)
+            if kv is None:
+                flight.remote_timeouts += 1
+        else:
+            kv = await self._l2_entry(key)
+        if kv is not None:
+            flight.remote_hits += 1
+        return kv
+
+    async def _l2_entry(self, key: CacheKey) -> UserKV | None:
+        kv, _ = await self._read_l2(key)
+        return kv
+
+    async def _read_l2(self, key: CacheKey) -> tuple[UserKV | None, float | None]:
+        """Read and decode one L2 entry: (entry or ``None``, ms decoding or ``None``)."""
+        data = await self.l2.get(key) if self.l2 is not None else None
+        if data is None or self.l2 is None:
+            return None, None
+        started = time.perf_counter()
+        s = self.settings
+        try:
+            kv = decode_entry(data, s.model_version, s.fingerprint, s.device)
+        except CorruptEntryError:
+            self.stats.corrupt += 1
+            await self.l2.delete(key)
+            return None, _ms(started)
+        return kv, _ms(started)
+
+
+_NO_LOCK = Lock(LockState.UNAVAILABLE)
+"""Without L2 there is nobody to share with: create at once."""
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3

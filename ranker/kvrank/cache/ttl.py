@@ -3,11 +3,13 @@
 The server measures intervals itself (time between two requests of the same user), keeps
 a bounded table of last-seen times, and feeds a Prometheus histogram so the operator can
 tune the TTL cluster-wide. A fixed TTL (from config, e.g. written by the operator) takes
-precedence over the measured one.
+precedence over the measured one. :class:`AdaptiveTTL` is what the tiered cache holds:
+the tracker plus the settings in force (swapped whole when the config file changes).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -78,8 +80,25 @@ class IntervalTracker:
         return self._sum_means / self._n_means
 
 
-def current_ttl(tracker: IntervalTracker, s: TTLSettings) -> float:
-    if s.fixed_s is not None:
-        return s.fixed_s
-    mean = tracker.mean()
-    return s.default_s if mean is None else clamp_ttl(mean, s)
+@dataclass
+class AdaptiveTTL:
+    """The TTL applied to new entries, from the settings in force and observed intervals."""
+
+    settings: TTLSettings = field(default_factory=TTLSettings)
+    tracker: IntervalTracker = field(default_factory=IntervalTracker)
+
+    def observe(self, user_id: str) -> float | None:
+        """Record one request of ``user_id``; returns the interval since their previous one."""
+        return self.tracker.observe(user_id)
+
+    def current(self) -> float:
+        s = self.settings
+        if s.fixed_s is not None:
+            return s.fixed_s
+        mean = self.tracker.mean()
+        return s.default_s if mean is None else clamp_ttl(mean, s)
+
+    def jittered(self, ttl_s: float) -> float:
+        """``ttl_s`` moved by up to ±jitter, so entries written together expire apart."""
+        jitter = self.settings.jitter
+        return ttl_s * (1.0 + random.uniform(-jitter, jitter))

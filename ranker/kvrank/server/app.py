@@ -23,10 +23,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvrank.cache.l1 import L1Cache
-from kvrank.cache.redis_tier import RedisSettings, RedisTier
-from kvrank.cache.tiered import TieredCache
-from kvrank.cache.ttl import TTLSettings
+from kvrank.cache import (
+    AdaptiveTTL,
+    CacheCollector,
+    CacheSettings,
+    L1Store,
+    RedisSettings,
+    RedisStore,
+    TieredCache,
+    TTLSettings,
+)
 from kvrank.errors import IncompatibleKVError, InputError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import load_model, resolve_artifact
@@ -60,7 +66,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
     model = load_model(resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir)), cfg.device)
     l2 = None
     if cfg.redis.url:
-        l2 = RedisTier(
+        l2 = RedisStore(
             RedisSettings(
                 cfg.redis.url,
                 cluster=cfg.redis.cluster,
@@ -69,19 +75,25 @@ def build_service(cfg: ServerConfig) -> RankingService:
                 op_timeout_s=cfg.redis.op_timeout_ms / 1e3,
             )
         )
+    cache_settings = CacheSettings(
+        cfg.namespace,
+        model.version,
+        model.cfg.fingerprint(),
+        cfg.device,
+        lock_wait_s=cfg.lock_wait_ms / 1e3,
+    )
     cache = TieredCache(
-        L1Cache(cfg.l1_bytes), l2, model.version, model.cfg.fingerprint(), cfg.device
+        cache_settings, L1Store(cfg.l1_bytes), l2, AdaptiveTTL(ttl_settings(cfg.ttl))
     )
     settings = ServiceSettings(
-        namespace=cfg.namespace,
         kv_dtype=cfg.kv_dtype,
-        lock_wait_s=cfg.lock_wait_ms / 1e3,
         refresh_every=cfg.refresh_every,
-        ttl=ttl_settings(cfg.ttl),
         cache_mode=cfg.cache_mode,
         microbatch_ms=cfg.microbatch_ms,
     )
-    return RankingService(model, cache, settings, Metrics(model.version, cfg.namespace))
+    metrics = Metrics(model.version, cfg.namespace)
+    metrics.registry.register(CacheCollector(cache))
+    return RankingService(model, cache, settings, metrics)
 
 
 async def _warm_up(service: RankingService) -> None:
@@ -109,10 +121,9 @@ async def _warm_up(service: RankingService) -> None:
         torch.zeros(2, dtype=torch.int64),
         torch.zeros(2, cfg.cand_dense),
     )
-    kv = await service.run_model(service.model.encode_user, user)
-    await service.run_model(service.model.score, kv, cands)
-    l2 = service.cache.l2
-    if l2 is not None and not await l2.ping():
+    kv = await service.runner.run(service.model.encode_user, user)
+    await service.runner.run(service.model.score, kv, cands)
+    if not await service.cache.ping():
         log.warning("L2 not reachable at startup; serving from L1 until it is")
 
 
@@ -127,7 +138,7 @@ async def _watch_config(state: AppState) -> None:
             state.config_mtime = mtime
             ttl = TTLConfig.model_validate(read_file(path).get("ttl", {}))
             if state.service is not None:
-                state.service.settings.ttl = ttl_settings(ttl)
+                state.service.cache.ttl.settings = ttl_settings(ttl)
                 log.info("config reloaded: ttl %s", ttl.model_dump())
 
 
@@ -147,8 +158,6 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         yield
         state.ready = False
         watcher.cancel()
-        if state.service.cache.l2 is not None:
-            await state.service.cache.l2.close()
         await state.service.close()
 
     app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
@@ -199,7 +208,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
             request_id=request.state.request_id,
             model_version=svc.model.version,
             scores=[float(x) for x in result.scores],
-            cache=result.outcome,
+            cache=result.outcome.value,
             timings_ms=result.timings_ms,
         )
 
@@ -216,26 +225,26 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     @app.get("/metrics")
     async def metrics() -> Response:
         svc = _service(state)
-        svc.refresh_gauges()
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/invalidate/{user_id}", response_model=InvalidateResponse)
     async def invalidate(user_id: str) -> InvalidateResponse:
         svc = _service(state)
-        removed = await svc.cache.invalidate_user(svc.settings.namespace, user_id)
+        removed = await svc.cache.invalidate_user(user_id)
         return InvalidateResponse(user_id=user_id, removed=removed)
 
     @app.get("/admin/config")
     async def effective_config() -> dict[str, Any]:
         svc = _service(state)
         doc = cfg.model_dump(mode="json")
-        doc["effective_ttl_seconds"] = svc.ttl_s
+        ttl = svc.cache.ttl
+        doc["effective_ttl_seconds"] = ttl.current()
         doc["ttl"] = {
-            "fixed_seconds": svc.settings.ttl.fixed_s,
-            "factor": svc.settings.ttl.factor,
-            "min_seconds": svc.settings.ttl.min_s,
-            "max_seconds": svc.settings.ttl.max_s,
-            "jitter": svc.settings.ttl.jitter,
+            "fixed_seconds": ttl.settings.fixed_s,
+            "factor": ttl.settings.factor,
+            "min_seconds": ttl.settings.min_s,
+            "max_seconds": ttl.settings.max_s,
+            "jitter": ttl.settings.jitter,
         }
         return doc
 

@@ -6,11 +6,10 @@ import asyncio
 
 import pytest
 
+from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings, sequence_chain
 from kvrank.cache.breaker import CircuitBreaker
-from kvrank.cache.keys import CacheKey, sequence_chain
-from kvrank.cache.l1 import L1Cache
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
-from kvrank.cache.ttl import IntervalTracker, TTLSettings, clamp_ttl, current_ttl
+from kvrank.cache.ttl import IntervalTracker, clamp_ttl
 
 
 class Clock:
@@ -47,45 +46,61 @@ def test_chain_recognises_prefixes_and_any_change(factory, tiny_cfg) -> None:
     assert sequence_chain(edited, "fp")[-1] != chain[-1]
 
 
-def test_l1_budget_is_bytes_and_one_shot_users_go_first(factory, tiny_cfg) -> None:
+def k(name: str) -> CacheKey:
+    return CacheKey("ns", "v1", name, "h")
+
+
+async def test_l1_budget_is_bytes_and_one_shot_users_go_first(factory, tiny_cfg) -> None:
     model = factory.model(tiny_cfg)
     kv = model.encode_user(factory.user(tiny_cfg, 4, 1))
-    cache = L1Cache(budget_bytes=kv.nbytes * 4, clock=Clock())
-    cache.put("repeat-1", kv, 60)
-    cache.put("repeat-2", kv, 60)
-    assert cache.get("repeat-1") and cache.get("repeat-2")  # seen twice: protected
+    cache = L1Store(budget_bytes=kv.nbytes * 4, clock=Clock())
+    await cache.put(k("repeat-1"), kv, 60, 4)
+    await cache.put(k("repeat-2"), kv, 60, 4)
+    assert await cache.get(k("repeat-1")) and await cache.get(k("repeat-2"))  # seen twice
     for i in range(5):
-        cache.put(f"once-{i}", kv, 60)
+        await cache.put(k(f"once-{i}"), kv, 60, 4)
     assert cache.nbytes <= kv.nbytes * 4
-    assert cache.get("repeat-1") is not None and cache.get("repeat-2") is not None
-    assert cache.get("once-0") is None and cache.get("once-4") is not None
+    assert await cache.get(k("repeat-1")) is not None
+    assert await cache.get(k("repeat-2")) is not None
+    assert await cache.get(k("once-0")) is None and await cache.get(k("once-4")) is not None
     assert cache.stats.evictions == 3
+    # an evicted entry takes its user's head with it: heads stay bounded by entries
+    assert await cache.head(k("once-0")) is None
+    assert await cache.head(k("once-4")) == Head(4, "h")
 
 
-def test_l1_expiry_and_oversized_entries(factory, tiny_cfg) -> None:
+async def test_l1_expiry_and_oversized_entries(factory, tiny_cfg) -> None:
     model = factory.model(tiny_cfg)
     kv = model.encode_user(factory.user(tiny_cfg, 4, 1))
     clock = Clock()
-    cache = L1Cache(budget_bytes=kv.nbytes * 2, clock=clock)
-    cache.put("a", kv, ttl_s=5)
+    cache = L1Store(budget_bytes=kv.nbytes * 2, clock=clock)
+    await cache.put(k("a"), kv, ttl_s=5, events=4)
     clock.now = 6
-    assert cache.get("a") is None and cache.stats.expired == 1
-    tiny = L1Cache(budget_bytes=kv.nbytes - 1)
-    assert tiny.put("big", kv, 60) is False and len(tiny) == 0
+    assert await cache.get(k("a")) is None and cache.stats.expired == 1
+    tiny = L1Store(budget_bytes=kv.nbytes - 1)
+    assert await tiny.put(k("big"), kv, 60, 4) is False and len(tiny) == 0
 
 
 def test_ttl_formula_and_measured_intervals() -> None:
     s = TTLSettings(factor=3, min_s=1, max_s=300)
     assert clamp_ttl(10, s) == 30 and clamp_ttl(0.1, s) == 1 and clamp_ttl(1000, s) == 300
     clock = Clock()
-    tracker = IntervalTracker(min_samples=5, clock=clock)
-    assert current_ttl(tracker, s) == s.default_s  # not enough data yet
+    ttl = AdaptiveTTL(s, IntervalTracker(min_samples=5, clock=clock))
+    assert ttl.current() == s.default_s  # not enough data yet
     for t in range(10):
         clock.now = t * 4.0
-        tracker.observe("u1")
-    assert tracker.mean() == pytest.approx(4.0)
-    assert current_ttl(tracker, s) == pytest.approx(12.0)
-    assert current_ttl(tracker, TTLSettings(fixed_s=7)) == 7
+        ttl.observe("u1")
+    assert ttl.tracker.mean() == pytest.approx(4.0)
+    assert ttl.current() == pytest.approx(12.0)
+    ttl.settings = TTLSettings(fixed_s=7)  # what a config reload does
+    assert ttl.current() == 7
+
+
+def test_ttl_jitter_spreads_expiries_within_bounds() -> None:
+    ttl = AdaptiveTTL(TTLSettings(jitter=0.1))
+    values = {ttl.jittered(100.0) for _ in range(50)}
+    assert len(values) > 10 and all(90.0 <= v <= 110.0 for v in values)
+    assert AdaptiveTTL(TTLSettings(jitter=0.0)).jittered(100.0) == 100.0
 
 
 def test_interval_mean_weights_users_not_requests() -> None:

@@ -21,7 +21,7 @@ from kvrank.model.config import ModelConfig
 from kvrank.model.inputs import Candidates, UserFeatures
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
-from kvrank.workload import request_body
+from kvrank.tools.workload import request_body
 
 SERVER_CFG = ModelConfig(
     d_model=32,

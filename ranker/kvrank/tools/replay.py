@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvrank.workload import Request
+from kvrank.tools.workload import Request
 
 
 @dataclass(frozen=True)

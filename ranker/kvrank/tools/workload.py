@@ -4,7 +4,7 @@ Each request picks a user by Zipf popularity (a few users come back often, most 
 arrives after an exponential gap (Poisson traffic at the target rate), and with some
 probability the user has gained new events since their last request — so refreshes hit
 the cache, sessions extend it incrementally, and cold users miss. Deterministic per seed.
-Builds request bodies only; sending them is :mod:`kvrank.replay`'s job.
+Builds request bodies only; sending them is :mod:`kvrank.tools.replay`'s job.
 """
 
 from __future__ import annotations

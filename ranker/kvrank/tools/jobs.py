@@ -110,7 +110,7 @@ def _print_load(summary: dict[str, Any], title: str) -> None:
 
 
 def run_loadtest(profile: str, model: Path | None, json_out: Path | None) -> dict[str, Any]:
-    from kvrank.loadtest import run_load
+    from kvrank.tools.loadtest import run_load
 
     run = run_load(profile, model)
     _print_load(run.summary, f"kvrank loadtest — {profile} profile")
@@ -121,7 +121,7 @@ def run_loadtest(profile: str, model: Path | None, json_out: Path | None) -> dic
 
 
 def run_demo(model_dir: Path, report_dir: Path) -> None:
-    from kvrank.loadtest import PROFILES, run_load
+    from kvrank.tools.loadtest import PROFILES, run_load
 
     if (model_dir / "config.json").is_file():
         console.print(f"loaded model from {model_dir}")

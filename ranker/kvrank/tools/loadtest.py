@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import torch
 
-from kvrank.localstack import LocalStack
 from kvrank.model.artifact import load_model, save_model
 from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
-from kvrank.replay import Result, replay, summarize
-from kvrank.workload import Workload, WorkloadSettings
+from kvrank.tools.processes import ProcessStack
+from kvrank.tools.replay import Result, replay, summarize
+from kvrank.tools.workload import Workload, WorkloadSettings
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def run_load(
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
     model_dir, origin = model_dir_for(model, tmp)
     cfg = load_model(model_dir).cfg
-    with LocalStack(tmp / "stack") as stack:
+    with ProcessStack(tmp / "stack") as stack:
         redis_url = stack.start_redis()
         l2 = ["--redis", redis_url] if redis_url else []
         cache_urls = [stack.start_ranker(model_dir, *l2, "--namespace", "load") for _ in range(2)]

@@ -1,7 +1,7 @@
 """Local processes for the demo, the load test and the test suites.
 
 :class:`RedisServer` is one private ``redis-server`` on loopback (standalone or a Cluster
-node); :func:`start_redis_cluster` makes a real Redis Cluster of them. :class:`LocalStack`
+node); :func:`start_redis_cluster` makes a real Redis Cluster of them. :class:`ProcessStack`
 is the demo's serving stack: a redis-server when the binary is installed (otherwise the
 stack runs L1-only and says so) and any number of ``kvrank serve`` processes; everything is
 stopped on exit, even on errors.
@@ -184,13 +184,13 @@ def start_redis_cluster(workdir: Path, masters: int = 3) -> RedisCluster:
 
 
 @dataclass
-class LocalStack:
+class ProcessStack:
     workdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     redis_url: str | None = None
     _exit: ExitStack = field(default_factory=ExitStack)
 
-    def __enter__(self) -> LocalStack:
+    def __enter__(self) -> ProcessStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self
 

@@ -1,0 +1,96 @@
+"""The cache's Prometheus collector: reads the tiers' counters and state at scrape time.
+
+The tiers keep plain monotonic totals (no Prometheus objects on the request path, nothing
+reset); this collector turns them into metric families when ``/metrics`` is read. The
+process-constant labels (model version, cache namespace) are bound once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvrank.cache.tiered import TieredCache
+
+CONSTANT_LABELS = ("model_version", "namespace")
+
+
+class CacheCollector(Collector):
+    def __init__(self, cache: TieredCache) -> None:
+        self.cache = cache
+        self.values = [cache.settings.model_version, cache.settings.namespace]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._lookups()
+        yield from self._flight()
+        yield from self._l1()
+        yield from self._l2()
+        yield from self._ttl()
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=CONSTANT_LABELS)
+        family.add_metric(self.values, value)
+        return family
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=CONSTANT_LABELS)
+        family.add_metric(self.values, value)
+        return family
+
+    def _lookups(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvrank_cache_lookups",
+            "Cache lookups on the request path by tier and result",
+            labels=[*CONSTANT_LABELS, "tier", "result"],
+        )
+        for (tier, result), n in sorted(self.cache.stats.lookups.items()):
+            family.add_metric([*self.values, tier, result], n)
+        yield family
+        yield self._counter(
+            "kvrank_cache_corrupt_entries",
+            "L2 entries that failed validation (deleted and served as misses)",
+            self.cache.stats.corrupt,
+        )
+
+    def _flight(self) -> Iterator[Metric]:
+        stats = self.cache.flight.stats
+        family = CounterMetricFamily(
+            "kvrank_singleflight",
+            "Stampede protection: in-process sharing and waits on another pod's lock",
+            labels=[*CONSTANT_LABELS, "event"],
+        )
+        events = {
+            "shared": stats.shared,
+            "remote_wait": stats.remote_waits,
+            "remote_hit": stats.remote_hits,
+            "remote_timeout": stats.remote_timeouts,
+        }
+        for event, n in events.items():
+            family.add_metric([*self.values, event], n)
+        yield family
+
+    def _l1(self) -> Iterator[Metric]:
+        l1 = self.cache.l1
+        yield self._gauge("kvrank_l1_bytes", "Bytes held by L1", l1.nbytes)
+        yield self._gauge("kvrank_l1_entries", "Entries held by L1", len(l1))
+        yield self._counter("kvrank_l1_evictions", "L1 evictions", l1.stats.evictions)
+
+    def _l2(self) -> Iterator[Metric]:
+        l2 = self.cache.l2
+        errors = l2.stats.errors if l2 is not None else 0
+        is_open = l2 is not None and l2.breaker.state == "open"
+        yield self._counter("kvrank_redis_errors", "Redis errors and timeouts", errors)
+        yield self._gauge(
+            "kvrank_redis_circuit_open", "1 while the L2 breaker is open", float(is_open)
+        )
+
+    def _ttl(self) -> Iterator[Metric]:
+        ttl = self.cache.ttl
+        yield self._gauge("kvrank_cache_ttl_seconds", "TTL applied to new entries", ttl.current())
+        yield self._gauge(
+            "kvrank_user_interval_mean_seconds",
+            "Mean per-user request interval (each user weighted equally); 0 until measured",
+            ttl.tracker.mean() or 0.0,
+        )

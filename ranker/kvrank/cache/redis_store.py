@@ -1,0 +1,258 @@
+"""L2: entries in Redis (standalone or Redis Cluster) through redis-py's asyncio client.
+
+A ``Store[bytes]``: it keeps what :mod:`kvrank.cache.entry` encodes and knows nothing of
+``UserKV``, so admin tools use it without the model code. Every operation has a timeout
+and goes through a circuit breaker; a timeout, connection error or open breaker is a miss
+(``None``/``False``) and counted — never raised to the request. The cross-pod lock says
+whether it was taken, is held by someone else, or could not be asked about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from kvrank.cache.breaker import CircuitBreaker
+from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key, namespace_pattern
+
+T = TypeVar("T")
+log = logging.getLogger("kvrank.cache.redis")
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+class _Failed(enum.Enum):
+    """What :meth:`RedisStore._call` returns when Redis did not answer (falsy, like a miss),
+    so that a failure is never confused with an answer of ``None`` or ``0``."""
+
+    UNAVAILABLE = enum.auto()
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNAVAILABLE = _Failed.UNAVAILABLE
+
+
+class LockState(enum.Enum):
+    ACQUIRED = "acquired"
+    """This process holds the lock: it computes, writes, then releases."""
+    HELD = "held"
+    """Another process holds it: wait a bounded time for its entry."""
+    UNAVAILABLE = "unavailable"
+    """Redis could not answer: nobody can be waited for, compute at once."""
+
+
+@dataclass(frozen=True)
+class Lock:
+    state: LockState
+    token: str | None = None
+
+
+@dataclass
+class RedisSettings:
+    """How to reach Redis; secrets come from the environment or a mounted Secret."""
+
+    url: str
+    cluster: bool = False
+    password: str | None = None
+    tls_ca_file: str | None = None
+    op_timeout_s: float = 0.02
+    """Per read/write of one entry; small entries take well under 1 ms on a LAN."""
+    connect_timeout_s: float = 0.2
+    max_connections: int = 64
+
+
+@dataclass
+class L2Stats:
+    """Totals since start (monotonic; the cache's collector reads them at scrape time)."""
+
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    writes: int = 0
+    refused: int = 0
+    """Calls not attempted because the breaker was open."""
+
+
+def make_client(settings: RedisSettings) -> Any:
+    kwargs: dict[str, Any] = {
+        "password": settings.password,
+        "socket_timeout": max(settings.op_timeout_s * 10, 0.5),
+        "socket_connect_timeout": settings.connect_timeout_s,
+        "max_connections": settings.max_connections,
+    }
+    if settings.tls_ca_file:
+        kwargs["ssl_ca_certs"] = settings.tls_ca_file
+    if settings.cluster:
+        kwargs.pop("max_connections")
+        return RedisCluster.from_url(settings.url, **kwargs)
+    return aioredis.Redis.from_url(settings.url, **kwargs)
+
+
+@dataclass
+class RedisStore:
+    settings: RedisSettings
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    stats: L2Stats = field(default_factory=L2Stats)
+
+    def __post_init__(self) -> None:
+        self.client = make_client(self.settings)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def get(self, key: CacheKey) -> bytes | None:
+        data = await self._call(lambda: self.client.get(key.to_string()))
+        if data is UNAVAILABLE or not data:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        return bytes(data)
+
+    async def put(self, key: CacheKey, value: bytes, ttl_s: float, events: int) -> bool:
+        ttl_ms = _ms(ttl_s)
+        ok = await self._call(lambda: self.client.set(key.to_string(), value, px=ttl_ms))
+        if not ok:
+            return False
+        self.stats.writes += 1
+        # payload before metadata: a head never points at an entry not yet written
+        head = Head(events, key.seq_hash).to_json()
+        await self._call(lambda: self.client.set(key.head_key(), head, px=ttl_ms))
+        return True
+
+    async def delete(self, key: CacheKey) -> bool:
+        return await self._unlink(key.to_string()) > 0
+
+    async def head(self, key: CacheKey) -> Head | None:
+        raw = await self._call(lambda: self.client.get(key.head_key()))
+        return None if raw is UNAVAILABLE or raw is None else Head.from_json(raw)
+
+    async def delete_user(self, namespace: str, model_version: str, user_id: str) -> int:
+        keys: list[str] = []
+        try:  # SCAN is not one operation: no per-operation timeout, no breaker
+            pattern = entry_prefix(namespace, model_version, user_id) + "*"
+            async for key in self.client.scan_iter(match=pattern, count=500):
+                keys.append(key.decode() if isinstance(key, bytes) else str(key))
+        except (OSError, RedisError):
+            pass  # best effort while L2 is failing: what was found is still removed
+        removed = sum([await self._unlink(k) for k in keys])
+        await self._unlink(head_key(namespace, model_version, user_id))
+        return removed
+
+    async def acquire(self, key: CacheKey, ttl_s: float) -> Lock:
+        """Try to take ``key``'s lock; it expires by itself (a crashed holder frees it)."""
+        token, lock_key = secrets.token_hex(8), key.lock_key()
+        ok = await self._call(lambda: self.client.set(lock_key, token, nx=True, px=_ms(ttl_s)))
+        if ok:
+            return Lock(LockState.ACQUIRED, token)
+        if ok is not UNAVAILABLE:
+            return Lock(LockState.HELD)
+        # The SET timed out or failed: it may still have landed. Ask who holds the lock.
+        holder = await self._call(lambda: self.client.get(lock_key))
+        if holder is UNAVAILABLE or holder is None:
+            return Lock(LockState.UNAVAILABLE)
+        held_by = holder.decode() if isinstance(holder, bytes) else str(holder)
+        return Lock(LockState.ACQUIRED, token) if held_by == token else Lock(LockState.HELD)
+
+    async def release(self, key: CacheKey, lock: Lock) -> None:
+        """Free a lock this process acquired (a stale token frees nothing)."""
+        if lock.state is LockState.ACQUIRED:
+            await self._call(lambda: self.client.eval(_RELEASE, 1, key.lock_key(), lock.token))
+
+    async def ping(self) -> bool:
+        return bool(await self._call(lambda: self.client.ping(), timeout=1.0))
+
+    async def _unlink(self, key: str) -> int:
+        # one key per call: keys may live in different cluster slots
+        removed = await self._call(lambda: self.client.unlink(key))
+        return 0 if removed is UNAVAILABLE else int(removed)
+
+    async def _call(
+        self, op: Callable[[], Awaitable[T]], timeout: float | None = None
+    ) -> T | _Failed:
+        if not self.breaker.allow():
+            self.stats.refused += 1
+            return UNAVAILABLE
+        try:
+            result = await asyncio.wait_for(op(), timeout or self.settings.op_timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.stats.errors += 1
+            was_open = self.breaker.state == "open"
+            self.breaker.failure()
+            log.warning("redis operation failed (%s): %r", self.breaker.state, exc)
+            if not was_open and self.breaker.state == "open":
+                log.warning("L2 circuit opened after %d failures", self.breaker.failure_threshold)
+            return UNAVAILABLE
+        self.breaker.success()
+        return result
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+async def purge_namespace(
+    settings: RedisSettings, namespace: str, batch: int = 500, max_keys_per_s: float = 50_000
+) -> int:
+    """SCAN + UNLINK every key of ``namespace`` on every master; returns the count.
+
+    Rate-limited to ``max_keys_per_s`` so a purge never starves serving traffic.
+    """
+    masters = await _masters(settings)
+    removed = 0
+    try:
+        for node in masters:
+            for pattern in namespace_pattern(namespace):
+                keys: list[bytes] = []
+                async for key in node.scan_iter(match=pattern, count=batch):
+                    keys.append(key)
+                    if len(keys) >= batch:
+                        removed += await _unlink_batch(node, keys, max_keys_per_s)
+                        keys = []
+                if keys:
+                    removed += await _unlink_batch(node, keys, max_keys_per_s)
+    finally:
+        for node in masters:
+            await node.aclose()
+    return removed
+
+
+async def _unlink_batch(node: Any, keys: list[bytes], max_keys_per_s: float) -> int:
+    # a node only holds keys of its own slots; per-key UNLINK avoids CROSSSLOT errors
+    pipe = node.pipeline(transaction=False)
+    for key in keys:
+        pipe.unlink(key)
+    removed = sum(int(x) for x in await pipe.execute())
+    await asyncio.sleep(len(keys) / max_keys_per_s)
+    return removed
+
+
+async def _masters(settings: RedisSettings) -> list[Any]:
+    """Standalone clients for every master (just the one server when not a cluster)."""
+    base = RedisSettings(**{**settings.__dict__, "cluster": False, "op_timeout_s": 5.0})
+    if not settings.cluster:
+        return [make_client(base)]
+    cluster = make_client(settings)
+    try:
+        await cluster.initialize()
+        nodes = cluster.get_primaries()
+    finally:
+        await cluster.aclose()
+    scheme = "rediss" if settings.url.startswith("rediss") else "redis"
+    return [
+        make_client(RedisSettings(**{**base.__dict__, "url": f"{scheme}://{n.host}:{n.port}"}))
+        for n in nodes
+    ]

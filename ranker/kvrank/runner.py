@@ -1,0 +1,87 @@
+"""Where model work runs: one dedicated thread, and optional micro-batching of scores.
+
+The event loop must keep serving I/O (cache reads, other requests) while the model
+computes, so every model call goes through :meth:`ModelRunner.run` onto a single worker
+thread (one at a time: a GPU gains nothing from two). With a micro-batching window, the
+``score`` calls that arrive within it are scored in one pass (pays off on GPUs; off by
+default). This module knows nothing of caching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from torch import Tensor
+
+from kvrank.model.inputs import Candidates
+from kvrank.model.kv import UserKV
+from kvrank.model.ranker import RankerModel
+
+R = TypeVar("R")
+
+
+class ModelRunner:
+    def __init__(self, model: RankerModel, microbatch_s: float = 0.0, max_batch: int = 32):
+        self.model = model
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrank-model")
+        self.batcher = MicroBatcher(self, microbatch_s, max_batch) if microbatch_s > 0 else None
+
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run ``fn(*args)`` on the model thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def score(self, kv: UserKV, cands: Candidates) -> Tensor:
+        """Logits of ``cands`` against a user's K/V (micro-batched when a window is set)."""
+        if self.batcher is not None:
+            return await self.batcher.score(kv, cands)
+        return await self.run(self.model.score, kv, cands)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class MicroBatcher:
+    """Collects concurrent ``score`` calls for a short window and runs them as one batch."""
+
+    def __init__(self, runner: ModelRunner, window_s: float, max_batch: int) -> None:
+        self.runner = runner
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self._pending: list[tuple[UserKV, Candidates, asyncio.Future[Tensor]]] = []
+        self._flush: asyncio.Task[None] | None = None
+        self.batches = 0
+        """Passes run so far (each scores one or more requests)."""
+
+    async def score(self, kv: UserKV, cands: Candidates) -> Tensor:
+        fut: asyncio.Future[Tensor] = asyncio.get_running_loop().create_future()
+        self._pending.append((kv, cands, fut))
+        if len(self._pending) >= self.max_batch:
+            await self._run()
+        elif self._flush is None:
+            self._flush = asyncio.create_task(self._after_window())
+        return await fut
+
+    async def _after_window(self) -> None:
+        await asyncio.sleep(self.window_s)
+        self._flush = None
+        await self._run()
+
+    async def _run(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        self.batches += 1
+        try:
+            model = self.runner.model
+            results = await self.runner.run(model.score_many, [(kv, c) for kv, c, _ in batch])
+        except Exception as exc:
+            for *_, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, _, fut), logits in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(logits)

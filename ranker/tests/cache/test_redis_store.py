@@ -1,0 +1,90 @@
+"""Redis store behaviour a user relies on: an outage is a fast miss that heals by itself,
+namespaces purge across every cluster master, and cross-process locks are exclusive,
+expire when their holder dies, and tell "held by another pod" from "Redis is down"."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kvrank.cache import CacheKey, RedisSettings, RedisStore, purge_namespace
+from kvrank.cache.redis_store import LockState
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def store(redis_server):
+    redis_server.cli("flushall")
+    s = RedisStore(RedisSettings(redis_server.url, op_timeout_s=0.5))
+    yield s
+    await s.close()
+
+
+def k(user: str, ns: str = "ns") -> CacheKey:
+    return CacheKey(ns, "v1", user, "h0")
+
+
+async def test_outage_is_a_fast_miss_and_heals(spawn_redis) -> None:
+    server = spawn_redis()
+    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.05))
+    store.breaker.cooldown_s = 0.3
+    try:
+        assert await store.put(k("u"), b"entry", ttl_s=30, events=1)
+        server.stop()
+        started = time.monotonic()
+        for _ in range(10):
+            assert await store.get(k("u")) is None
+        assert time.monotonic() - started < 2.0
+        assert store.breaker.state == "open" and store.stats.refused > 0
+        server.start()
+        await asyncio.sleep(0.35)
+        assert await store.put(k("u"), b"entry", ttl_s=30, events=1)  # half-open trial
+        assert store.breaker.state == "closed"
+        assert await store.get(k("u")) == b"entry"
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_purge_removes_one_namespace_on_every_cluster_master(redis_cluster) -> None:
+    redis_cluster.flush()
+    settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0)
+    store = RedisStore(settings)
+    try:
+        for i in range(60):
+            await store.put(k(f"user{i}", "old"), b"x", ttl_s=60, events=1)
+            await store.put(k(f"user{i}", "new"), b"x", ttl_s=60, events=1)
+        per_node = [int(n.cli("dbsize").stdout) for n in redis_cluster.nodes]
+        assert all(c > 0 for c in per_node), per_node  # keys really spread over masters
+        removed = await purge_namespace(settings, "old")
+        assert removed == 120  # 60 entries and 60 heads
+        assert sum(int(n.cli("dbsize").stdout) for n in redis_cluster.nodes) == 120
+        assert await store.get(k("user7", "new")) == b"x"
+    finally:
+        await store.close()
+
+
+async def test_lock_is_exclusive_and_expires(store) -> None:
+    first = await store.acquire(k("x"), ttl_s=0.2)
+    assert first.state is LockState.ACQUIRED
+    assert (await store.acquire(k("x"), ttl_s=0.2)).state is LockState.HELD
+    await asyncio.sleep(0.25)  # holder "crashed": the lock frees itself
+    second = await store.acquire(k("x"), ttl_s=5)
+    assert second.state is LockState.ACQUIRED
+    await store.release(k("x"), first)  # a stale token must not free it
+    assert (await store.acquire(k("x"), ttl_s=5)).state is LockState.HELD
+    await store.release(k("x"), second)
+    assert (await store.acquire(k("x"), ttl_s=5)).state is LockState.ACQUIRED
+
+
+async def test_lock_on_a_dead_redis_says_unavailable_not_held(spawn_redis) -> None:
+    server = spawn_redis()
+    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.05))
+    server.stop()
+    try:  # nobody can be waited for: the caller computes at once
+        assert (await store.acquire(k("y"), ttl_s=1)).state is LockState.UNAVAILABLE
+    finally:
+        await store.close()

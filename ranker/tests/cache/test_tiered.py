@@ -1,0 +1,187 @@
+"""The tiered cache as the service uses it: one ``get_or_create`` per request that finds
+the entry in L1 or L2 or has it made exactly once — across concurrent callers and across
+pods sharing Redis — and never fails or returns a wrong entry because of Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from kvrank.cache import (
+    CacheSettings,
+    Created,
+    L1Store,
+    Outcome,
+    RedisSettings,
+    RedisStore,
+    TieredCache,
+    encode_entry,
+    sequence_chain,
+)
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def model(factory, tiny_cfg):
+    return factory.model(tiny_cfg, version="v1")
+
+
+@pytest.fixture
+async def make_cache(model, redis_server):
+    redis_server.cli("flushall")
+    caches: list[TieredCache] = []
+
+    def make(url: str | None = redis_server.url, **settings: float) -> TieredCache:
+        l2 = RedisStore(RedisSettings(url, op_timeout_s=0.5)) if url else None
+        s = CacheSettings("ns", "v1", model.cfg.fingerprint(), **settings)
+        caches.append(TieredCache(s, L1Store(10_000_000), l2))
+        return caches[-1]
+
+    yield make
+    for c in caches:
+        await c.close()
+
+
+class Encoder:
+    """A creator that counts its calls and can be slow."""
+
+    def __init__(self, model, user, delay_s: float = 0.0) -> None:
+        self.model, self.user, self.delay_s, self.calls = model, user, delay_s, 0
+
+    async def __call__(self) -> Created:
+        self.calls += 1
+        await asyncio.sleep(self.delay_s)
+        return Created(self.model.encode_user(self.user), Outcome.MISS)
+
+
+async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory, tiny_cfg):
+    pod_a, pod_b = make_cache(), make_cache()
+    user, cands = factory.user(tiny_cfg, 9, 1), factory.candidates(tiny_cfg, 4, 1)
+    key = pod_a.key("bob", sequence_chain(user, model.cfg.fingerprint())[-1])
+    encode = Encoder(model, user)
+    first = await pod_a.get_or_create(key, 9, encode)
+    again = await pod_a.get_or_create(key, 9, encode)
+    shared = await pod_b.get_or_create(key, 9, encode)
+    assert [first.outcome, again.outcome, shared.outcome] == [Outcome.MISS, Outcome.L1, Outcome.L2]
+    assert encode.calls == 1
+    assert 0 < shared.timings_ms["serde"] <= shared.timings_ms["l2"]
+    assert torch.equal(model.score(shared.kv, cands), model.score(first.kv, cands))
+    assert (await pod_b.get_or_create(key, 9, encode)).outcome is Outcome.L1  # promoted
+    assert pod_b.stats.lookups == {("l1", "hit"): 1, ("l1", "miss"): 1, ("l2", "hit"): 1}
+
+
+async def test_concurrent_callers_in_one_process_share_one_creation(
+    make_cache, model, factory, tiny_cfg
+):
+    cache = make_cache()
+    user = factory.user(tiny_cfg, 6, 2)
+    encode = Encoder(model, user, delay_s=0.05)
+    key = cache.key("hot", "h6")
+    found = await asyncio.gather(*[cache.get_or_create(key, 6, encode) for _ in range(20)])
+    assert encode.calls == 1 and {f.outcome for f in found} == {Outcome.MISS}
+    assert cache.flight.stats.shared == 19
+
+
+async def test_pods_racing_for_one_user_create_once(make_cache, model, factory, tiny_cfg):
+    pods = [make_cache(lock_wait_s=2.0) for _ in range(3)]
+    user = factory.user(tiny_cfg, 6, 3)
+    encode = Encoder(model, user, delay_s=0.2)
+    key = pods[0].key("hot", "h6")
+    found = await asyncio.gather(*[p.get_or_create(key, 6, encode) for p in pods])
+    assert encode.calls == 1
+    assert sorted(f.outcome for f in found) == [Outcome.L2, Outcome.L2, Outcome.MISS]
+    assert sum(p.flight.stats.remote_hits for p in pods) == 2
+
+
+async def test_a_peer_that_never_delivers_costs_a_bounded_wait(
+    make_cache, model, factory, tiny_cfg, redis_server
+):
+    cache = make_cache(lock_wait_s=0.05)
+    key = cache.key("stuck", "h4")
+    redis_server.cli("set", key.lock_key(), "crashed-pod", "px", "10000")
+    encode = Encoder(model, factory.user(tiny_cfg, 4, 4))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    found = await cache.get_or_create(key, 4, encode)
+    assert found.outcome is Outcome.MISS and encode.calls == 1
+    assert loop.time() - started < 1.0
+    assert cache.flight.stats.remote_waits == 1 and cache.flight.stats.remote_timeouts == 1
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b[: len(b) // 2],  # truncated
+        lambda b: b[:-10] + b"0123456789",  # payload bytes changed: checksum fails
+        lambda b: b"garbage",
+        lambda b: b"KVRC" + (10**6).to_bytes(4, "little") + b"{}",  # header length lies
+    ],
+    ids=["truncated", "bitflip", "garbage", "bad-header-length"],
+)
+async def test_corrupt_entries_are_misses_and_deleted(
+    make_cache, model, factory, tiny_cfg, redis_server, mangle
+):
+    cache = make_cache()
+    user = factory.user(tiny_cfg, 8, 1)
+    kv = model.encode_user(user)
+    key = cache.key("u", "h8")
+    assert cache.l2 is not None
+    await cache.l2.client.set(key.to_string(), mangle(encode_entry(kv)))
+    found = await cache.get_or_create(key, 8, Encoder(model, user))
+    assert found.outcome is Outcome.MISS and cache.stats.corrupt == 1
+    assert cache.l2.stats.errors == 0
+    assert await make_cache().get(key) is not None  # replaced by the fresh encode
+
+
+async def test_entry_of_another_model_is_a_miss(make_cache, model, factory, tiny_cfg):
+    user = factory.user(tiny_cfg, 8, 1)
+    writer = make_cache()
+    key = writer.key("u", "h8")
+    await writer.put(key, model.encode_user(user), 8)
+    other = TieredCache(
+        CacheSettings("ns", "v2", model.cfg.fingerprint()), L1Store(10_000_000), writer.l2
+    )
+    # same key, a reader that serves model v2: the entry's header says v1 → a miss
+    assert await other.get(key) is None and other.stats.corrupt == 1
+
+
+async def test_redis_down_still_creates_and_serves(
+    make_cache, model, factory, tiny_cfg, spawn_redis
+):
+    server = spawn_redis()
+    cache = make_cache(url=server.url)
+    server.stop()
+    user = factory.user(tiny_cfg, 5, 5)
+    encode = Encoder(model, user)
+    key = cache.key("u", "h5")
+    assert (await cache.get_or_create(key, 5, encode)).outcome is Outcome.MISS
+    assert (await cache.get_or_create(key, 5, encode)).outcome is Outcome.L1
+    assert encode.calls == 1
+
+
+async def test_find_prefix_extends_only_a_grown_history(make_cache, model, factory, tiny_cfg):
+    writer, reader = make_cache(), make_cache()
+    fp = model.cfg.fingerprint()
+    user = factory.user(tiny_cfg, 6, 7)
+    chain = sequence_chain(user, fp)
+    await writer.put(writer.key("u", chain[-1]), model.encode_user(user), 6)
+    grown = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 8)))
+    grown_chain = sequence_chain(grown, fp)
+    prefix = await reader.find_prefix(reader.key("u", grown_chain[-1]), grown_chain)
+    assert prefix is not None and prefix.events == 6  # found through L2's head
+    other = factory.user(tiny_cfg, 9, 9)  # same user id, a different history
+    other_chain = sequence_chain(other, fp)
+    assert await reader.find_prefix(reader.key("u", other_chain[-1]), other_chain) is None
+
+
+async def test_invalidate_user_clears_both_tiers(make_cache, model, factory, tiny_cfg):
+    cache = make_cache()
+    user = factory.user(tiny_cfg, 5, 1)
+    for h in ("h1", "h2"):
+        await cache.put(cache.key("alice", h), model.encode_user(user), 5)
+    assert await cache.invalidate_user("alice") == 2
+    assert await cache.get(cache.key("alice", "h1")) is None
+    assert await make_cache().get(cache.key("alice", "h2")) is None
