@@ -2,12 +2,15 @@
 
 The chart's ``crds/rankerdeployments.yaml`` is generated from :func:`crd` (``kvrank-operator
 crd``) and a test keeps the two identical. The schema rejects what it can (required fields,
-enums, bounds, patterns); ``spec.py`` checks the rest.
+enums, bounds, patterns); ``spec.py`` checks the rest. Defaults are not written here: they
+are read from the typed spec's dataclasses, so the API server and the parser agree.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from kvrank_operator.spec import CacheSpec, CanarySpec, ModelSpec, RankerSpec, RedisSpec, TTLSpec
 
 GROUP = "kvrank.io"
 VERSION = "v1alpha1"
@@ -47,7 +50,12 @@ MODEL = _obj(
             "description": "Artifact location: a path in a mounted volume or a URL.",
         },
         "image": {"type": "string", "minLength": 1, "maxLength": 512},
-        "replicas": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 2},
+        "replicas": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000,
+            "default": ModelSpec.replicas,
+        },
         "resources": _free("Container resources, e.g. limits nvidia.com/gpu: 1."),
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
         "tolerations": {"type": "array", "items": _free("A toleration.")},
@@ -62,7 +70,7 @@ MODEL = _obj(
         ),
         "externalReplicas": {
             "type": "boolean",
-            "default": False,
+            "default": ModelSpec.external_replicas,
             "description": "An HPA/KEDA scales the Deployments directly: the operator leaves"
             " their replicas alone.",
         },
@@ -74,7 +82,7 @@ CANARY = _obj(
     {
         "version": _NAME,
         "uri": {"type": "string", "minLength": 1, "maxLength": 1024},
-        "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": 10},
+        "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": CanarySpec.weight},
         "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
     },
     ["version", "uri"],
@@ -82,18 +90,23 @@ CANARY = _obj(
 
 REDIS = _obj(
     {
-        "mode": {"type": "string", "enum": ["managed", "external"], "default": "managed"},
-        "shards": {"type": "integer", "minimum": 3, "maximum": 64, "default": 3},
-        "replicasPerShard": {"type": "integer", "minimum": 0, "maximum": 3, "default": 1},
-        "memory": {**_QUANTITY, "default": "1Gi"},
-        "image": {"type": "string", "default": "redis:7.2"},
-        "persistence": {"type": "boolean", "default": False},
+        "mode": {"type": "string", "enum": ["managed", "external"], "default": RedisSpec.mode},
+        "shards": {"type": "integer", "minimum": 3, "maximum": 64, "default": RedisSpec.shards},
+        "replicasPerShard": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 3,
+            "default": RedisSpec.replicas_per_shard,
+        },
+        "memory": {**_QUANTITY, "default": RedisSpec.memory},
+        "image": {"type": "string", "default": RedisSpec.image},
+        "persistence": {"type": "boolean", "default": RedisSpec.persistence},
         "url": {"type": "string", "pattern": r"^rediss?://[^\s]+$"},
-        "cluster": {"type": "boolean", "default": False},
+        "cluster": {"type": "boolean", "default": RedisSpec.cluster},
         "passwordSecretRef": _obj(
             {"name": {"type": "string"}, "key": {"type": "string"}}, ["name", "key"]
         ),
-        "tls": {"type": "boolean", "default": False},
+        "tls": {"type": "boolean", "default": RedisSpec.tls},
     },
     None,
     **{
@@ -117,50 +130,68 @@ REDIS = _obj(
 
 CACHE = _obj(
     {
-        "l1Bytes": {"type": "integer", "minimum": 0, "default": 536870912},
-        "kvDtype": {"type": "string", "enum": ["fp32", "bf16", "fp16", "int8"], "default": "bf16"},
+        "l1Bytes": {"type": "integer", "minimum": 0, "default": CacheSpec.l1_bytes},
+        "kvDtype": {
+            "type": "string",
+            "enum": ["fp32", "bf16", "fp16", "int8"],
+            "default": CacheSpec.kv_dtype,
+        },
         "redis": REDIS,
         "retiredNamespaceGraceSeconds": {
             "type": "integer",
             "minimum": 0,
             "maximum": 604800,
-            "default": 300,
+            "default": CacheSpec.retired_namespace_grace_seconds,
         },
     }
 )
 
 TTL = _obj(
     {
-        "mode": {"type": "string", "enum": ["auto", "fixed"], "default": "auto"},
+        "mode": {"type": "string", "enum": ["auto", "fixed"], "default": TTLSpec.mode},
         "fixedSeconds": {
             "type": "number",
             "exclusiveMinimum": True,
             "minimum": 0,
             "maximum": 86400,
         },
-        "factor": {"type": "number", "minimum": 0.1, "maximum": 100, "default": 3},
-        "minSeconds": {"type": "number", "minimum": 0.1, "default": 1},
-        "maxSeconds": {"type": "number", "minimum": 1, "maximum": 86400, "default": 300},
-        "jitter": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.1},
+        "factor": {"type": "number", "minimum": 0.1, "maximum": 100, "default": TTLSpec.factor},
+        "minSeconds": {"type": "number", "minimum": 0.1, "default": TTLSpec.min_seconds},
+        "maxSeconds": {
+            "type": "number",
+            "minimum": 1,
+            "maximum": 86400,
+            "default": TTLSpec.max_seconds,
+        },
+        "jitter": {"type": "number", "minimum": 0, "maximum": 0.5, "default": TTLSpec.jitter},
         "source": _obj(
             {
-                "type": {"type": "string", "enum": ["pods", "prometheus"], "default": "pods"},
+                "type": {
+                    "type": "string",
+                    "enum": ["pods", "prometheus"],
+                    "default": TTLSpec.source,
+                },
                 "prometheus": _obj(
                     {"url": {"type": "string", "pattern": r"^https?://[^\s]+$"}}, ["url"]
                 ),
             }
         ),
-        "intervalSeconds": {"type": "integer", "minimum": 5, "maximum": 3600, "default": 30},
+        "intervalSeconds": {
+            "type": "integer",
+            "minimum": 5,
+            "maximum": 3600,
+            "default": TTLSpec.interval_seconds,
+        },
     }
 )
 
 SERVICE = _obj(
     {
-        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 8080},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": RankerSpec.port},
         "type": {
             "type": "string",
             "enum": ["ClusterIP", "NodePort", "LoadBalancer"],
-            "default": "ClusterIP",
+            "default": RankerSpec.service_type,
         },
     }
 )

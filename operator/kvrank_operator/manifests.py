@@ -95,18 +95,12 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
     redis: dict[str, Any] = {"url": url, "cluster": cluster}
     if password_secret(spec, instance):
         redis["password_file"] = PASSWORD_FILE
-    fixed = spec.ttl.fixed_s if spec.ttl.mode == "fixed" else ttl_s
+    fixed = spec.ttl.fixed_seconds if spec.ttl.mode == "fixed" else ttl_s
     doc = {
         "l1_bytes": spec.cache.l1_bytes,
         "kv_dtype": spec.cache.kv_dtype,
         "redis": redis,
-        "ttl": {
-            "fixed_seconds": fixed,
-            "factor": spec.ttl.factor,
-            "min_seconds": spec.ttl.min_s,
-            "max_seconds": spec.ttl.max_s,
-            "jitter": spec.ttl.jitter,
-        },
+        "ttl": spec.ttl.ranker_settings(fixed),
     }
     return yaml.safe_dump(doc, sort_keys=True)
 

@@ -295,7 +295,7 @@ def _namespaces(
 def _grace(spec: RankerSpec, entry: dict[str, Any]) -> int:
     """An aborted canary's entries are worthless at once; a retired stable's are kept for a
     grace period (a rollback within it finds them warm)."""
-    return 0 if entry["role"] == "canary" else spec.cache.retired_grace_s
+    return 0 if entry["role"] == "canary" else spec.cache.retired_namespace_grace_seconds
 
 
 def _still_serving(kube: Kube, name: str, ns: str, version: str) -> bool:

@@ -101,8 +101,11 @@ def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, An
         return None
     current = status.get("ttl") or {}
     observed_at = status.get("observedAt") or current.get("updatedAt")
-    fixed_changed = spec.ttl.mode == "fixed" and current.get("seconds") != spec.ttl.fixed_s
-    due = not observed_at or (now - parse_iso(observed_at)).total_seconds() >= spec.ttl.interval_s
+    fixed_changed = spec.ttl.mode == "fixed" and current.get("seconds") != spec.ttl.fixed_seconds
+    due = (
+        not observed_at
+        or (now - parse_iso(observed_at)).total_seconds() >= spec.ttl.interval_seconds
+    )
     if not (due or fixed_changed):  # a new fixed TTL applies at once
         return None
     seen = observe(kube, spec, meta["name"], meta["namespace"])

@@ -2,6 +2,9 @@
 
 :func:`parse_spec` turns the (schema-validated, defaulted) ``spec`` dict into frozen
 dataclasses; semantic problems raise :class:`SpecError` naming the field. Pure: no API.
+Every default lives here, once, on the dataclasses: the CRD's schema takes its ``default``
+values from them (``crd.py``) and the parser falls back to them for a spec the API server
+did not default (tests, dry runs).
 """
 
 from __future__ import annotations
@@ -60,20 +63,32 @@ class CacheSpec:
     l1_bytes: int = 512 * 2**20
     kv_dtype: str = "bf16"
     redis: RedisSpec = field(default_factory=RedisSpec)
-    retired_grace_s: int = 300
+    retired_namespace_grace_seconds: int = 300
+    """A retired stable version's entries stay this long: a rollback within finds them warm."""
 
 
 @dataclass(frozen=True)
 class TTLSpec:
+    """The TTL policy. ``fixed_seconds``, ``factor``, ``min_seconds``, ``max_seconds`` and
+    ``jitter`` are the ranker's own ``ttl`` settings (same names, same meaning: they go into
+    the pods' config file as they are); the rest steers the operator's tuning."""
+
     mode: Literal["auto", "fixed"] = "auto"
-    fixed_s: float | None = None
+    fixed_seconds: float | None = None
     factor: float = 3.0
-    min_s: float = 1.0
-    max_s: float = 300.0
+    """A user returning within ~3 mean intervals still finds their entry."""
+    min_seconds: float = 1.0
+    max_seconds: float = 300.0
     jitter: float = 0.1
     source: Literal["pods", "prometheus"] = "pods"
     prometheus_url: str | None = None
-    interval_s: int = 30
+    interval_seconds: int = 30
+    """How often the operator measures and, when it moved, rewrites the TTL."""
+
+    def ranker_settings(self, fixed_seconds: float | None) -> dict[str, Any]:
+        """The ``ttl`` section of the pods' config file."""
+        keys = ("factor", "min_seconds", "max_seconds", "jitter")
+        return {"fixed_seconds": fixed_seconds, **{k: getattr(self, k) for k in keys}}
 
 
 @dataclass(frozen=True)
@@ -118,15 +133,15 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
     model = ModelSpec(
         version=_req(m, "version", "model"),
         uri=_req(m, "uri", "model"),
-        image=m.get("image", DEFAULT_IMAGE),
-        replicas=int(m.get("replicas", 2)),
+        image=m.get("image", ModelSpec.image),
+        replicas=int(m.get("replicas", ModelSpec.replicas)),
         resources=m.get("resources") or {},
         node_selector=m.get("nodeSelector") or {},
         tolerations=m.get("tolerations") or [],
         affinity=m.get("affinity") or {},
         env=m.get("env") or [],
         volume=m.get("volume") or {},
-        external_replicas=bool(m.get("externalReplicas", False)),
+        external_replicas=bool(m.get("externalReplicas", ModelSpec.external_replicas)),
     )
     for fld, uri in (
         ("model.uri", model.uri),
@@ -150,7 +165,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         canary = CanarySpec(
             _req(c, "version", "canary"),
             _req(c, "uri", "canary"),
-            int(c.get("weight", 10)),
+            int(c.get("weight", CanarySpec.weight)),
             c.get("replicas"),
         )
         if canary.version == model.version:
@@ -163,25 +178,30 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
     ttl = _ttl(spec.get("ttl") or {})
     svc = spec.get("service") or {}
     return RankerSpec(
-        model, canary, cache, ttl, int(svc.get("port", 8080)), svc.get("type", "ClusterIP")
+        model,
+        canary,
+        cache,
+        ttl,
+        int(svc.get("port", RankerSpec.port)),
+        svc.get("type", RankerSpec.service_type),
     )
 
 
 def _cache(c: dict[str, Any]) -> CacheSpec:
     r = c.get("redis") or {}
-    mode = r.get("mode", "managed")
+    mode = r.get("mode", RedisSpec.mode)
     secret = r.get("passwordSecretRef")
     redis = RedisSpec(
         mode=mode,
-        shards=int(r.get("shards", 3)),
-        replicas_per_shard=int(r.get("replicasPerShard", 1)),
-        memory=str(r.get("memory", "1Gi")),
-        image=r.get("image", "redis:7.2"),
-        persistence=bool(r.get("persistence", False)),
+        shards=int(r.get("shards", RedisSpec.shards)),
+        replicas_per_shard=int(r.get("replicasPerShard", RedisSpec.replicas_per_shard)),
+        memory=str(r.get("memory", RedisSpec.memory)),
+        image=r.get("image", RedisSpec.image),
+        persistence=bool(r.get("persistence", RedisSpec.persistence)),
         url=r.get("url"),
-        cluster=bool(r.get("cluster", False)),
+        cluster=bool(r.get("cluster", RedisSpec.cluster)),
         password_secret=(secret["name"], secret["key"]) if secret else None,
-        tls=bool(r.get("tls", False)),
+        tls=bool(r.get("tls", RedisSpec.tls)),
     )
     if mode == "external" and not redis.url:
         raise SpecError("cache.redis.url", "is required when cache.redis.mode is external")
@@ -190,30 +210,32 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
     if redis.tls and redis.url and not redis.url.startswith("rediss://"):
         raise SpecError("cache.redis.url", "must use rediss:// when cache.redis.tls is true")
     return CacheSpec(
-        int(c.get("l1Bytes", 512 * 2**20)),
-        c.get("kvDtype", "bf16"),
+        int(c.get("l1Bytes", CacheSpec.l1_bytes)),
+        c.get("kvDtype", CacheSpec.kv_dtype),
         redis,
-        int(c.get("retiredNamespaceGraceSeconds", 300)),
+        int(c.get("retiredNamespaceGraceSeconds", CacheSpec.retired_namespace_grace_seconds)),
     )
 
 
 def _ttl(t: dict[str, Any]) -> TTLSpec:
     src = t.get("source") or {}
     ttl = TTLSpec(
-        mode=t.get("mode", "auto"),
-        fixed_s=t.get("fixedSeconds"),
-        factor=float(t.get("factor", 3)),
-        min_s=float(t.get("minSeconds", 1)),
-        max_s=float(t.get("maxSeconds", 300)),
-        jitter=float(t.get("jitter", 0.1)),
-        source=src.get("type", "pods"),
+        mode=t.get("mode", TTLSpec.mode),
+        fixed_seconds=t.get("fixedSeconds"),
+        factor=float(t.get("factor", TTLSpec.factor)),
+        min_seconds=float(t.get("minSeconds", TTLSpec.min_seconds)),
+        max_seconds=float(t.get("maxSeconds", TTLSpec.max_seconds)),
+        jitter=float(t.get("jitter", TTLSpec.jitter)),
+        source=src.get("type", TTLSpec.source),
         prometheus_url=(src.get("prometheus") or {}).get("url"),
-        interval_s=int(t.get("intervalSeconds", 30)),
+        interval_seconds=int(t.get("intervalSeconds", TTLSpec.interval_seconds)),
     )
-    if ttl.mode == "fixed" and ttl.fixed_s is None:
+    if ttl.mode == "fixed" and ttl.fixed_seconds is None:
         raise SpecError("ttl.fixedSeconds", "is required when ttl.mode is fixed")
-    if ttl.min_s > ttl.max_s:
-        raise SpecError("ttl.minSeconds", f"{ttl.min_s} exceeds ttl.maxSeconds {ttl.max_s}")
+    if ttl.min_seconds > ttl.max_seconds:
+        raise SpecError(
+            "ttl.minSeconds", f"{ttl.min_seconds} exceeds ttl.maxSeconds {ttl.max_seconds}"
+        )
     if ttl.source == "prometheus" and not ttl.prometheus_url:
         raise SpecError("ttl.source.prometheus.url", "is required when ttl.source is prometheus")
     return ttl

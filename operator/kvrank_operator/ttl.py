@@ -33,13 +33,13 @@ def parse_interval_means(text: str) -> list[float]:
 
 
 def target_ttl(mean_interval_s: float, spec: TTLSpec) -> float:
-    return min(max(mean_interval_s * spec.factor, spec.min_s), spec.max_s)
+    return min(max(mean_interval_s * spec.factor, spec.min_seconds), spec.max_seconds)
 
 
 def next_ttl(current: float | None, mean_interval_s: float | None, spec: TTLSpec) -> float | None:
     """The TTL to publish, or ``None`` to keep the current one."""
     if spec.mode == "fixed":
-        return None if current == spec.fixed_s else spec.fixed_s
+        return None if current == spec.fixed_seconds else spec.fixed_seconds
     if mean_interval_s is None:
         return None
     target = round(target_ttl(mean_interval_s, spec), 3)

@@ -27,7 +27,7 @@ def test_examples_parse() -> None:
     assert [v for v, _ in canary.versions()] == ["v1", "v2"]
     ext = parse_spec(example("external-redis.yaml"))
     assert ext.cache.redis.password_secret == ("feed-redis", "password")
-    assert ext.ttl.mode == "fixed" and ext.ttl.fixed_s == 120
+    assert ext.ttl.mode == "fixed" and ext.ttl.fixed_seconds == 120
 
 
 @pytest.mark.parametrize(
@@ -89,6 +89,46 @@ def test_ranker_config_matches_the_server_schema() -> None:
     cfg = ServerConfig.model_validate(doc)
     assert cfg.ttl.fixed_seconds == 42.0 and cfg.redis.cluster is True
     assert cfg.redis.url == "redis://feed-redis-0.feed-redis-headless.prod.svc:6379"
+
+
+def test_every_variable_the_operator_sets_is_a_ranker_setting() -> None:
+    from kvrank.server.config import environment_variables
+
+    spec = parse_spec(example("external-redis.yaml"))
+    dep = m.deployment(spec, "feed", "prod", "v1", "/models/v1", 2, "stable")
+    (ranker,) = dep["spec"]["template"]["spec"]["containers"]
+    names = {e["name"] for e in ranker["env"] if e["name"].startswith("KVRANK_")}
+    assert {"KVRANK_MODEL_DIR", "KVRANK_MODEL_VERSION", "KVRANK_CONFIG_FILE"} <= names
+    assert names <= set(environment_variables()), names - set(environment_variables())
+
+
+def test_a_default_spec_gives_pods_the_rankers_own_defaults() -> None:
+    from kvrank.server.config import ServerConfig
+
+    spec = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}})
+    doc = yaml.safe_load(m.ranker_config(spec, "feed", "prod", ttl_s=None))
+    defaults = ServerConfig.model_construct()  # no environment, no file
+    assert doc["l1_bytes"] == defaults.l1_bytes
+    assert doc["ttl"] == defaults.ttl.model_dump(exclude={"default_seconds"})
+
+
+def _with_schema_defaults(schema: dict, doc: dict) -> dict:
+    """What the API server stores: ``doc`` with every ``default`` of ``schema`` filled in."""
+    out = dict(doc)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = sub["default"]
+        if sub.get("type") == "object" and "properties" in sub and (key in out or key != "canary"):
+            out[key] = _with_schema_defaults(sub, out.get(key) or {})
+    return out
+
+
+@pytest.mark.parametrize("name", ["basic.yaml", "canary.yaml", "external-redis.yaml"])
+def test_the_crd_defaults_are_the_parsers_defaults(name: str) -> None:
+    from kvrank_operator.crd import SPEC
+
+    raw = example(name)
+    assert parse_spec(_with_schema_defaults(SPEC, raw)) == parse_spec(raw)
 
 
 def test_managed_redis_objects() -> None:

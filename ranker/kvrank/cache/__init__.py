@@ -13,10 +13,19 @@ from kvrank.cache.l1 import L1Store
 from kvrank.cache.metrics import CacheCollector
 from kvrank.cache.redis_store import RedisSettings, RedisStore, purge_namespace
 from kvrank.cache.store import Store
-from kvrank.cache.tiered import CacheSettings, Created, Lookup, Outcome, Prefix, TieredCache
+from kvrank.cache.tiered import (
+    LOCK_WAIT_S,
+    CacheSettings,
+    Created,
+    Lookup,
+    Outcome,
+    Prefix,
+    TieredCache,
+)
 from kvrank.cache.ttl import AdaptiveTTL, TTLSettings
 
 __all__ = [
+    "LOCK_WAIT_S",
     "AdaptiveTTL",
     "CacheCollector",
     "CacheKey",

@@ -66,6 +66,11 @@ class Lookup:
     timings_ms: dict[str, float]
 
 
+LOCK_WAIT_S = 0.010
+"""Bound on waiting for another pod's encode: about one encode of the seed-size model on a
+GPU; a slow peer must never stall a request for longer."""
+
+
 @dataclass(frozen=True)
 class CacheSettings:
     namespace: str
@@ -73,8 +78,7 @@ class CacheSettings:
     fingerprint: str
     """Of the model config: an entry of another architecture never decodes."""
     device: str = "cpu"
-    lock_wait_s: float = 0.010
-    """Bound on waiting for another pod's encode before computing ourselves."""
+    lock_wait_s: float = LOCK_WAIT_S
     lock_ttl_s: float = 2.0
     """A crashed lock holder blocks others for at most this long."""
 

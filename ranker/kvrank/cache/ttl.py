@@ -15,24 +15,53 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-@dataclass(frozen=True)
-class TTLSettings:
-    factor: float = 3.0
-    """A user returning within ~3 mean intervals still finds their entry."""
-    min_s: float = 1.0
-    max_s: float = 300.0
-    """Five minutes: beyond that, incremental updates keep entries fresher than a TTL."""
-    jitter: float = 0.1
-    """±10 % so entries written together do not expire together."""
-    fixed_s: float | None = None
-    """Set (by config or the operator) to override the measured TTL."""
-    default_s: float = 60.0
-    """Used until enough intervals are observed."""
+
+class TTLSettings(BaseModel):
+    """The TTL policy's knobs: the ``ttl`` section of the ranker's config file.
+
+    The same type is the config file's schema (the operator writes that section into the
+    ranker's ConfigMap and pods hot-reload it) and what the cache computes with.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fixed_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="Set (by config or the operator): overrides the measured TTL.",
+    )
+    factor: float = Field(
+        3.0,
+        gt=0,
+        le=100,
+        description="A user returning within ~3 mean intervals still finds their entry.",
+    )
+    min_seconds: float = Field(1.0, gt=0)
+    max_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Five minutes: beyond that, incremental updates keep entries fresher.",
+    )
+    jitter: float = Field(
+        0.1, ge=0, le=0.5, description="±10 % so entries written together do not expire together."
+    )
+    default_seconds: float = Field(
+        60.0, gt=0, description="Used until enough intervals are observed."
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> TTLSettings:
+        if self.min_seconds > self.max_seconds:
+            raise ValueError(
+                f"min_seconds={self.min_seconds} exceeds max_seconds={self.max_seconds}"
+            )
+        return self
 
 
 def clamp_ttl(mean_interval_s: float, s: TTLSettings) -> float:
-    return min(max(mean_interval_s * s.factor, s.min_s), s.max_s)
+    return min(max(mean_interval_s * s.factor, s.min_seconds), s.max_seconds)
 
 
 @dataclass
@@ -93,10 +122,10 @@ class AdaptiveTTL:
 
     def current(self) -> float:
         s = self.settings
-        if s.fixed_s is not None:
-            return s.fixed_s
+        if s.fixed_seconds is not None:
+            return s.fixed_seconds
         mean = self.tracker.mean()
-        return s.default_s if mean is None else clamp_ttl(mean, s)
+        return s.default_seconds if mean is None else clamp_ttl(mean, s)
 
     def jittered(self, ttl_s: float) -> float:
         """``ttl_s`` moved by up to ±jitter, so entries written together expire apart."""

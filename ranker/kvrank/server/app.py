@@ -33,25 +33,15 @@ from kvrank.cache import (
     TieredCache,
     TTLSettings,
 )
-from kvrank.errors import IncompatibleKVError, InputError
+from kvrank.errors import ArtifactError, IncompatibleKVError, InputError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import load_model, resolve_artifact
-from kvrank.server.config import ServerConfig, TTLConfig, read_file, redis_password
+from kvrank.server.config import ServerConfig, read_file, redis_password
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
 from kvrank.service import RankingService, ServiceSettings
 
 log = logging.getLogger("kvrank.server")
 CONFIG_POLL_S = 1.0
-
-
-def ttl_settings(cfg: TTLConfig) -> TTLSettings:
-    return TTLSettings(
-        factor=cfg.factor,
-        min_s=cfg.min_seconds,
-        max_s=cfg.max_seconds,
-        jitter=cfg.jitter,
-        fixed_s=cfg.fixed_seconds,
-    )
 
 
 @dataclass
@@ -64,6 +54,11 @@ class AppState:
 
 def build_service(cfg: ServerConfig) -> RankingService:
     model = load_model(resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir)), cfg.device)
+    if cfg.model_version is not None and model.version != cfg.model_version:
+        raise ArtifactError(
+            f"the artifact at {cfg.model_dir} is model version {model.version!r},"
+            f" expected model_version={cfg.model_version!r}"
+        )
     l2 = None
     if cfg.redis.url:
         l2 = RedisStore(
@@ -82,9 +77,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
         cfg.device,
         lock_wait_s=cfg.lock_wait_ms / 1e3,
     )
-    cache = TieredCache(
-        cache_settings, L1Store(cfg.l1_bytes), l2, AdaptiveTTL(ttl_settings(cfg.ttl))
-    )
+    cache = TieredCache(cache_settings, L1Store(cfg.l1_bytes), l2, AdaptiveTTL(cfg.ttl))
     settings = ServiceSettings(
         kv_dtype=cfg.kv_dtype,
         refresh_every=cfg.refresh_every,
@@ -136,9 +129,9 @@ async def _watch_config(state: AppState) -> None:
             if mtime == state.config_mtime:
                 continue
             state.config_mtime = mtime
-            ttl = TTLConfig.model_validate(read_file(path).get("ttl", {}))
+            ttl = TTLSettings.model_validate(read_file(path).get("ttl", {}))
             if state.service is not None:
-                state.service.cache.ttl.settings = ttl_settings(ttl)
+                state.service.cache.ttl.settings = ttl
                 log.info("config reloaded: ttl %s", ttl.model_dump())
 
 
@@ -237,15 +230,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     async def effective_config() -> dict[str, Any]:
         svc = _service(state)
         doc = cfg.model_dump(mode="json")
-        ttl = svc.cache.ttl
-        doc["effective_ttl_seconds"] = ttl.current()
-        doc["ttl"] = {
-            "fixed_seconds": ttl.settings.fixed_s,
-            "factor": ttl.settings.factor,
-            "min_seconds": ttl.settings.min_s,
-            "max_seconds": ttl.settings.max_s,
-            "jitter": ttl.settings.jitter,
-        }
+        doc["effective_ttl_seconds"] = svc.cache.ttl.current()
+        doc["ttl"] = svc.cache.ttl.settings.model_dump(mode="json")
         return doc
 
     return app

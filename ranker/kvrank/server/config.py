@@ -1,9 +1,13 @@
-"""Server configuration: one typed root, read once at start-up from defaults, an optional
-JSON/YAML file, ``KVRANK_*`` environment variables and CLI flags (later wins).
+"""Server configuration: one typed root (pydantic-settings), read once at start-up from
+defaults ← an optional JSON/YAML file ← ``KVRANK_*`` environment variables ← CLI flags
+(later wins).
 
-The same file is watched while serving: changes to the ``ttl`` section (the operator
-writes it) apply without a restart. Secrets (the Redis password) come from an environment
-variable or a mounted Secret file, never from the config file.
+Every field is also an environment variable: ``KVRANK_<FIELD>`` for top-level fields and
+``KVRANK_<SECTION>_<FIELD>`` inside a section (``KVRANK_REDIS_URL``,
+``KVRANK_TTL_FIXED_SECONDS``), so the names cannot drift from the fields. The file is
+watched while serving: changes to its ``ttl`` section (the operator writes it) apply
+without a restart. Secrets (the Redis password) come from ``KVRANK_REDIS_PASSWORD`` or a
+mounted Secret file, never from the config file.
 """
 
 from __future__ import annotations
@@ -14,9 +18,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kvrank.cache import LOCK_WAIT_S, TTLSettings
 from kvrank.model.config import KVDType
+from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
+
+ENV_PREFIX = "KVRANK_"
+L1_BYTES_DEFAULT = 512 * 2**20
+"""Half a GiB of device memory: room for ~58 bf16 entries of the seed-size model (9.2 MB)."""
 
 
 class RedisConfig(BaseModel):
@@ -24,39 +36,44 @@ class RedisConfig(BaseModel):
     url: str | None = Field(None, description="redis:// or rediss:// URL; None: L1 only.")
     cluster: bool = False
     password_file: str | None = Field(None, description="File holding the password (Secret).")
+    password: SecretStr | None = Field(
+        None, exclude=True, description="From KVRANK_REDIS_PASSWORD only (never the file)."
+    )
     tls_ca_file: str | None = None
     op_timeout_ms: float = Field(20.0, gt=0, le=10_000)
 
 
-class TTLConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    fixed_seconds: float | None = Field(None, gt=0, le=86_400)
-    factor: float = Field(3.0, gt=0, le=100)
-    min_seconds: float = Field(1.0, gt=0)
-    max_seconds: float = Field(300.0, gt=0)
-    jitter: float = Field(0.1, ge=0, le=0.5)
+class ServerConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+    )
 
-
-class ServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
     model_dir: str = Field(
         "artifacts/quick", description="Artifact directory, or an http(s):// URL to download."
     )
     model_cache_dir: str = Field(
         "/tmp/kvrank-models", description="Where artifacts given by URL are downloaded."
     )
+    model_version: str | None = Field(
+        None,
+        description="When set, the artifact's version must equal it (the operator sets it to"
+        " the version its Deployment is labelled with).",
+    )
     device: str = "cpu"
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None
-    l1_bytes: int = Field(512 * 2**20, ge=0)
+    l1_bytes: int = Field(L1_BYTES_DEFAULT, ge=0)
     redis: RedisConfig = Field(default_factory=RedisConfig)
-    ttl: TTLConfig = Field(default_factory=TTLConfig)
+    ttl: TTLSettings = Field(default_factory=TTLSettings)
     cache_mode: Literal["kv", "full"] = Field(
         "kv", description="kv: cached K/V; full: no cache, C full forwards per request."
     )
-    lock_wait_ms: float = Field(10.0, ge=0, le=1000)
+    lock_wait_ms: float = Field(LOCK_WAIT_S * 1e3, ge=0, le=1000)
     microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
-    refresh_every: int = Field(50, ge=1)
+    refresh_every: int = Field(DEFAULT_REFRESH_EVERY, ge=1)
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
     drain_delay_s: float = Field(
         5.0,
@@ -74,31 +91,51 @@ class ServerConfig(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
     config_file: str | None = None
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _ConfigFile(settings_cls, init_settings)
 
-ENV_PREFIX = "KVRANK_"
-ENV_FIELDS = {
-    "MODEL_DIR": ("model_dir",),
-    "MODEL_CACHE_DIR": ("model_cache_dir",),
-    "DEVICE": ("device",),
-    "NAMESPACE": ("namespace",),
-    "KV_DTYPE": ("kv_dtype",),
-    "L1_BYTES": ("l1_bytes",),
-    "REDIS_URL": ("redis", "url"),
-    "REDIS_CLUSTER": ("redis", "cluster"),
-    "REDIS_PASSWORD_FILE": ("redis", "password_file"),
-    "REDIS_TLS_CA_FILE": ("redis", "tls_ca_file"),
-    "TTL_FIXED_SECONDS": ("ttl", "fixed_seconds"),
-    "HOST": ("host",),
-    "PORT": ("port",),
-    "CONFIG_FILE": ("config_file",),
-    "REDIS_OP_TIMEOUT_MS": ("redis", "op_timeout_ms"),
-    "LOCK_WAIT_MS": ("lock_wait_ms",),
-    "REFRESH_EVERY": ("refresh_every",),
-    "CACHE_MODE": ("cache_mode",),
-    "MICROBATCH_MS": ("microbatch_ms",),
-    "SHUTDOWN_GRACE_S": ("shutdown_grace_s",),
-    "DRAIN_DELAY_S": ("drain_delay_s",),
-}
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The JSON/YAML file named by ``config_file`` (a flag or ``KVRANK_CONFIG_FILE``)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], flags: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.flags = flags
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # the whole file is read at once in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        path = self.flags().get("config_file") or os.environ.get(ENV_PREFIX + "CONFIG_FILE")
+        if not path:
+            return {}
+        doc = read_file(path)
+        if "password" in (doc.get("redis") or {}):
+            raise ValueError(f"{path}: redis.password must not be in a file; use a Secret")
+        return {**doc, "config_file": str(path)}
+
+
+def environment_variables(
+    model: type[BaseModel] = ServerConfig, prefix: str = ENV_PREFIX
+) -> dict[str, str]:
+    """Every environment variable the server reads → the dotted key it sets."""
+    names: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        section = info.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            inner = environment_variables(section, f"{prefix}{name.upper()}_")
+            names |= {env: f"{name}.{key}" for env, key in inner.items()}
+        else:
+            names[prefix + name.upper()] = name
+    return names
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -109,37 +146,12 @@ def read_file(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def load_config(overrides: dict[str, Any], env: dict[str, str] | None = None) -> ServerConfig:
-    """Defaults ← file (``config_file`` from overrides or env) ← env ← overrides."""
-    env = dict(os.environ) if env is None else env
-    merged: dict[str, Any] = {}
-    path = overrides.get("config_file") or env.get(ENV_PREFIX + "CONFIG_FILE")
-    if path:
-        _deep_merge(merged, read_file(path))
-        merged["config_file"] = str(path)
-    for name, target in ENV_FIELDS.items():
-        if ENV_PREFIX + name in env:
-            _set(merged, target, env[ENV_PREFIX + name])
-    _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
-    return ServerConfig.model_validate(merged)
+def load_config(overrides: dict[str, Any]) -> ServerConfig:
+    """Defaults ← file (``config_file`` from overrides or env) ← env ← overrides (not None)."""
+    return ServerConfig(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def redis_password(cfg: RedisConfig, env: dict[str, str] | None = None) -> str | None:
-    env = dict(os.environ) if env is None else env
+def redis_password(cfg: RedisConfig) -> str | None:
     if cfg.password_file:
         return Path(cfg.password_file).read_text().strip()
-    return env.get(ENV_PREFIX + "REDIS_PASSWORD")
-
-
-def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for part in path[:-1]:
-        doc = doc.setdefault(part, {})
-    doc[path[-1]] = value
-
-
-def _deep_merge(into: dict[str, Any], other: dict[str, Any]) -> None:
-    for k, v in other.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _deep_merge(into[k], v)
-        else:
-            into[k] = v
+    return cfg.password.get_secret_value() if cfg.password else None

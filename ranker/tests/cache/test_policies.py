@@ -82,17 +82,17 @@ async def test_l1_expiry_and_oversized_entries(factory, tiny_cfg) -> None:
 
 
 def test_ttl_formula_and_measured_intervals() -> None:
-    s = TTLSettings(factor=3, min_s=1, max_s=300)
+    s = TTLSettings(factor=3, min_seconds=1, max_seconds=300)
     assert clamp_ttl(10, s) == 30 and clamp_ttl(0.1, s) == 1 and clamp_ttl(1000, s) == 300
     clock = Clock()
     ttl = AdaptiveTTL(s, IntervalTracker(min_samples=5, clock=clock))
-    assert ttl.current() == s.default_s  # not enough data yet
+    assert ttl.current() == s.default_seconds  # not enough data yet
     for t in range(10):
         clock.now = t * 4.0
         ttl.observe("u1")
     assert ttl.tracker.mean() == pytest.approx(4.0)
     assert ttl.current() == pytest.approx(12.0)
-    ttl.settings = TTLSettings(fixed_s=7)  # what a config reload does
+    ttl.settings = TTLSettings(fixed_seconds=7)  # what a config reload does
     assert ttl.current() == 7
 
 

@@ -37,6 +37,14 @@ SERVER_CFG = ModelConfig(
 )
 
 
+@pytest.fixture(autouse=True)
+def no_server_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The servers under test read only what a test gives them, never the runner's env."""
+    for name in list(os.environ):
+        if name.startswith("KVRANK_"):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="session")
 def artifact(tmp_path_factory, factory) -> Path:
     path = tmp_path_factory.mktemp("model") / "m"
@@ -52,7 +60,7 @@ def make_client(artifact) -> Iterator[Callable[..., TestClient]]:
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        cfg = load_config({"model_dir": str(artifact), **overrides}, env={})
+        cfg = load_config({"model_dir": str(artifact), **overrides})
         client = TestClient(create_app(cfg))
         client.__enter__()
         clients.append(client)

@@ -182,9 +182,7 @@ def test_microbatching_groups_concurrent_requests_with_identical_scores(
     ]
 
     async def run(microbatch_ms: float) -> tuple[list[list[float]], int]:
-        app = create_app(
-            load_config({"model_dir": str(artifact), "microbatch_ms": microbatch_ms}, env={})
-        )
+        app = create_app(load_config({"model_dir": str(artifact), "microbatch_ms": microbatch_ms}))
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
@@ -206,26 +204,52 @@ def test_microbatching_groups_concurrent_requests_with_identical_scores(
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
 
 
-def test_every_documented_environment_variable_is_read() -> None:
-    import re
-    from pathlib import Path
+def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypatch) -> None:
+    from kvrank.server.config import environment_variables, load_config
 
-    from kvrank.server.config import load_config
-
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    table = "\n".join(line for line in readme.splitlines() if line.startswith("| `"))
-    documented = set(re.findall(r"`(KVRANK_[A-Z0-9_]+)`", table)) - {"KVRANK_REDIS_PASSWORD"}
-    assert "KVRANK_DRAIN_DELAY_S" in documented  # the configuration table was found
     samples = {
-        "KVRANK_REDIS_CLUSTER": "true",
         "KVRANK_KV_DTYPE": "int8",
         "KVRANK_CACHE_MODE": "full",
-        "KVRANK_CONFIG_FILE": "",
+        "KVRANK_HOST": "0.0.0.0",
+        "KVRANK_MAX_BODY_BYTES": "2048",
+        "KVRANK_TTL_JITTER": "0.2",
     }
-    default = load_config({}, env={}).model_dump()
-    for name in sorted(documented):
-        value = samples.get(name, "7")
-        if name == "KVRANK_CONFIG_FILE":
-            continue  # covered by the hot-reload test
-        changed = load_config({}, env={name: value}).model_dump()
-        assert changed != default, f"{name} is documented but has no effect"
+    names = environment_variables()
+    assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(
+        names
+    )
+    default = load_config({}).model_dump()
+    for name, key in sorted(names.items()):
+        if key in ("config_file", "redis.password"):
+            continue  # the hot-reload test reads a file; the password is never dumped
+        value = samples.get(name) or ("true" if key == "redis.cluster" else "7")
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            changed = load_config({}).model_dump()
+        assert changed != default, f"{name} has no effect"
+
+
+def test_precedence_is_defaults_file_env_flags(monkeypatch, tmp_path) -> None:
+    from kvrank.server.config import load_config, redis_password
+
+    path = tmp_path / "ranker.yaml"
+    path.write_text("namespace: from-file\nport: 9001\nredis: {url: 'redis://file:6379'}\n")
+    monkeypatch.setenv("KVRANK_CONFIG_FILE", str(path))
+    monkeypatch.setenv("KVRANK_PORT", "9002")
+    monkeypatch.setenv("KVRANK_REDIS_CLUSTER", "true")
+    monkeypatch.setenv("KVRANK_REDIS_PASSWORD", "s3cret")
+    cfg = load_config({"port": 9003, "host": None})
+    assert (cfg.namespace, cfg.port, cfg.host) == ("from-file", 9003, "127.0.0.1")
+    assert cfg.redis.url == "redis://file:6379" and cfg.redis.cluster is True  # sections merge
+    assert redis_password(cfg.redis) == "s3cret" and "s3cret" not in cfg.model_dump_json()
+    path.write_text("redis: {password: leaked}\n")
+    with pytest.raises(ValueError, match=r"redis\.password must not be in a file"):
+        load_config({})
+
+
+def test_a_pod_refuses_an_artifact_of_another_version(make_client) -> None:
+    from kvrank.errors import ArtifactError
+
+    assert make_client(model_version="v1").get("/readyz").status_code == 200
+    with pytest.raises(ArtifactError, match=r"model version 'v1', expected model_version='v2'"):
+        make_client(model_version="v2")

@@ -14,7 +14,7 @@ def client(artifact):
     from kvrank.server.app import create_app
     from kvrank.server.config import load_config
 
-    with TestClient(create_app(load_config({"model_dir": str(artifact)}, env={}))) as c:
+    with TestClient(create_app(load_config({"model_dir": str(artifact)}))) as c:
         yield c
 
 
