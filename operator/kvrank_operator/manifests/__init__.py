@@ -1,0 +1,50 @@
+"""Pure builders of the Kubernetes objects a ``RankerDeployment`` owns.
+
+Every function takes the typed spec (and the resource's name/namespace) and returns plain
+dicts; no API calls, no randomness except where a caller passes it in. Owner references
+are added by the reconciler, which knows the owner's UID. ``ranker`` builds the serving
+side, ``redis`` the managed Redis Cluster, ``common`` what both share.
+"""
+
+from kvrank_operator.manifests.common import (
+    CONFIG_FILE,
+    REDIS_PORT,
+    deployment_name,
+    labels,
+    password_secret,
+    redis_name,
+    redis_url,
+    restricted_container,
+    restricted_pod,
+    version_labels,
+)
+from kvrank_operator.manifests.ranker import (
+    config_map,
+    deployment,
+    pod_disruption_budget,
+    purge_job,
+    ranker_config,
+    services,
+)
+from kvrank_operator.manifests.redis import bootstrap_script, managed_redis
+
+__all__ = [
+    "CONFIG_FILE",
+    "REDIS_PORT",
+    "bootstrap_script",
+    "config_map",
+    "deployment",
+    "deployment_name",
+    "labels",
+    "managed_redis",
+    "password_secret",
+    "pod_disruption_budget",
+    "purge_job",
+    "ranker_config",
+    "redis_name",
+    "redis_url",
+    "restricted_container",
+    "restricted_pod",
+    "services",
+    "version_labels",
+]

@@ -1,0 +1,82 @@
+"""What every object of a ``RankerDeployment`` shares: names, labels, mounts, and the
+security settings Pod Security ``restricted`` admits. Pure: no API calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvrank_operator.spec import RankerSpec
+
+NAME = "kvrank-ranker"
+CONFIG_MOUNT = "/etc/kvrank"
+CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
+PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
+MODEL_CACHE_MOUNT = "/var/cache/kvrank"
+REDIS_PORT = 6379
+STARTUP_BUDGET_S = 600
+"""How long a ranker may take to download, load and warm up its model before the kubelet's
+liveness probe may kill it (a startupProbe holds liveness off until then)."""
+BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
+PURGE_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+"""``kvrank cache purge`` runs from the ranker image and loads torch with the cache code
+(about 700 MB resident, measured)."""
+
+
+def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:
+    """Pod-level security that Pod Security ``restricted`` admits."""
+    ctx: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if fs_group is not None:
+        ctx["fsGroup"] = fs_group
+    return ctx
+
+
+def restricted_container() -> dict[str, Any]:
+    """Container-level security that Pod Security ``restricted`` admits (and a read-only root)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def labels(instance: str, component: str = "ranker") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": NAME,
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "kvrank-operator",
+    }
+
+
+def version_labels(instance: str, version: str) -> dict[str, str]:
+    return {**labels(instance), "kvrank.io/version": version}
+
+
+def deployment_name(instance: str, version: str) -> str:
+    return f"{instance}-{version}"[:63].rstrip("-.")
+
+
+def redis_name(instance: str) -> str:
+    return f"{instance}-redis"
+
+
+def redis_url(spec: RankerSpec, instance: str, namespace: str) -> tuple[str, bool]:
+    """The L2 endpoint rankers use, and whether it is a cluster."""
+    r = spec.cache.redis
+    if r.mode == "external":
+        assert r.url is not None
+        return r.url, r.cluster
+    host = f"{redis_name(instance)}-0.{redis_name(instance)}-headless.{namespace}.svc"
+    return f"redis://{host}:{REDIS_PORT}", True
+
+
+def password_secret(spec: RankerSpec, instance: str) -> tuple[str, str] | None:
+    r = spec.cache.redis
+    if r.mode == "managed":
+        return f"{redis_name(instance)}-auth", "password"
+    return r.password_secret

@@ -1,0 +1,296 @@
+"""The ranker's objects: its config file, one Deployment and Service per model version, the
+shared Service, the PodDisruptionBudget, and the Job that purges a retired cache namespace.
+Pure: the typed spec in, plain dicts out."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from kvrank_operator.manifests.common import (
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    MODEL_CACHE_MOUNT,
+    PASSWORD_FILE,
+    PURGE_RESOURCES,
+    STARTUP_BUDGET_S,
+    deployment_name,
+    labels,
+    password_secret,
+    redis_url,
+    restricted_container,
+    restricted_pod,
+    version_labels,
+)
+from kvrank_operator.spec import MODELS_MOUNT, RankerSpec, namespace_for
+
+RANKER_UID = 10001
+"""The ranker image's numeric user (images/ranker/Dockerfile)."""
+
+
+def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None) -> str:
+    """The ``ranker.yaml`` pods read (and hot-reload: the ``ttl`` section)."""
+    url, cluster = redis_url(spec, instance, namespace)
+    redis: dict[str, Any] = {"url": url, "cluster": cluster}
+    if password_secret(spec, instance):
+        redis["password_file"] = PASSWORD_FILE
+    fixed = spec.ttl.fixed_seconds if spec.ttl.mode == "fixed" else ttl_s
+    doc = {
+        "l1_bytes": spec.cache.l1_bytes,
+        "kv_dtype": spec.cache.kv_dtype,
+        "redis": redis,
+        "ttl": spec.ttl.ranker_settings(fixed),
+    }
+    return yaml.safe_dump(doc, sort_keys=True)
+
+
+def config_map(
+    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{instance}-config",
+            "namespace": namespace,
+            "labels": labels(instance),
+        },
+        "data": {"ranker.yaml": ranker_config(spec, instance, namespace, ttl_s)},
+    }
+
+
+def deployment(
+    spec: RankerSpec,
+    instance: str,
+    namespace: str,
+    version: str,
+    uri: str,
+    replicas: int,
+    role: str,
+) -> dict[str, Any]:
+    """One model version's Deployment: surge-only rollouts, scrape annotations."""
+    sel = version_labels(instance, version)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(instance, version),
+            "namespace": namespace,
+            "labels": {**sel, "kvrank.io/role": role},
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": sel},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": sel,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(spec.port),
+                    },
+                },
+                "spec": ranker_pod(spec, instance, version, uri),
+            },
+        },
+    }
+
+
+def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[str, Any]:
+    """The pod of one version: spread over nodes, the user's scheduling knobs applied."""
+    volumes, mounts = _volumes(spec, instance)
+    pod: dict[str, Any] = {
+        "securityContext": restricted_pod(RANKER_UID, fs_group=RANKER_UID),
+        "containers": [_container(spec, _env(spec, version, uri), mounts)],
+        "volumes": volumes,
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": version_labels(instance, version)},
+            }
+        ],
+        "terminationGracePeriodSeconds": 30,
+    }
+    for key, value in (
+        ("nodeSelector", spec.model.node_selector),
+        ("tolerations", spec.model.tolerations),
+        ("affinity", spec.model.affinity),
+    ):
+        if value:
+            pod[key] = value
+    return pod
+
+
+def _env(spec: RankerSpec, version: str, uri: str) -> list[dict[str, Any]]:
+    """The ranker's settings that differ per version (the rest is in the config file)."""
+    return [
+        {"name": "KVRANK_MODEL_DIR", "value": uri},
+        {"name": "KVRANK_NAMESPACE", "value": namespace_for(version)},
+        {"name": "KVRANK_MODEL_VERSION", "value": version},
+        {"name": "KVRANK_CONFIG_FILE", "value": CONFIG_FILE},
+        {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
+        {"name": "KVRANK_HOST", "value": "0.0.0.0"},
+        {"name": "KVRANK_PORT", "value": str(spec.port)},
+        *spec.model.env,
+    ]
+
+
+def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): config, a download folder, the model volume, the Redis password."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": f"{instance}-config"}},
+        # artifacts given by URL are downloaded here (the root filesystem is read-only)
+        {"name": "model-cache", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},
+    ]
+    if spec.model.volume:
+        volumes.append({"name": "models", **spec.model.volume})
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+    secret = password_secret(spec, instance)
+    if secret:
+        items = [{"key": secret[1], "path": "password"}]
+        volumes.append({"name": "redis-auth", "secret": {"secretName": secret[0], "items": items}})
+        mounts.append(
+            {"name": "redis-auth", "mountPath": f"{CONFIG_MOUNT}/redis", "readOnly": True}
+        )
+    return volumes, mounts
+
+
+def _container(
+    spec: RankerSpec, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "name": "ranker",
+        "image": spec.model.image,
+        "args": ["serve"],
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "env": env,
+        "resources": spec.model.resources,
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        # download + load + warm-up may take minutes; liveness starts after it
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": STARTUP_BUDGET_S // 5,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": mounts,
+        "securityContext": restricted_container(),
+    }
+
+
+def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
+    """One Service over every version, plus one per version (for routers)."""
+    port = [{"name": "http", "port": spec.port, "targetPort": "http"}]
+    out = [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
+            "spec": {
+                "type": spec.service_type,
+                "selector": {
+                    "app.kubernetes.io/instance": instance,
+                    "app.kubernetes.io/component": "ranker",
+                },
+                "ports": port,
+            },
+        }
+    ]
+    for version, _ in spec.versions():
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": deployment_name(instance, version),
+                    "namespace": namespace,
+                    "labels": version_labels(instance, version),
+                },
+                "spec": {
+                    "type": "ClusterIP",
+                    "selector": version_labels(instance, version),
+                    "ports": port,
+                },
+            }
+        )
+    return out
+
+
+def pod_disruption_budget(instance: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {
+                "matchLabels": {
+                    "app.kubernetes.io/instance": instance,
+                    "app.kubernetes.io/component": "ranker",
+                }
+            },
+        },
+    }
+
+
+def purge_job(spec: RankerSpec, instance: str, namespace: str, cache_ns: str) -> dict[str, Any]:
+    """A Job that removes one cache namespace from Redis (``kvrank cache purge``)."""
+    url, cluster = redis_url(spec, instance, namespace)
+    digest = hashlib.sha1(cache_ns.encode()).hexdigest()[:8]
+    args = ["cache", "purge", "--namespace", cache_ns, "--redis", url]
+    if cluster:
+        args.append("--cluster")
+    env: list[dict[str, Any]] = []
+    secret = password_secret(spec, instance)
+    if secret:
+        env.append(
+            {
+                "name": "KVRANK_REDIS_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": secret[0], "key": secret[1]}},
+            }
+        )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{instance}-purge-{digest}",
+            "namespace": namespace,
+            "labels": {**labels(instance, "purge"), "kvrank.io/cache-namespace": cache_ns},
+        },
+        "spec": {
+            "backoffLimit": 3,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": labels(instance, "purge")},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "securityContext": restricted_pod(RANKER_UID),
+                    "containers": [
+                        {
+                            "name": "purge",
+                            "image": spec.model.image,
+                            "args": args,
+                            "env": env,
+                            "resources": PURGE_RESOURCES,
+                            "securityContext": restricted_container(),
+                        }
+                    ],
+                },
+            },
+        },
+    }

@@ -1,0 +1,242 @@
+"""The managed Redis Cluster's objects: config, auth Secret, headless Service, StatefulSet,
+the bootstrap Job that forms the cluster once, its NetworkPolicy and PodDisruptionBudget.
+Pure: the typed spec (and a password the caller generated) in, plain dicts out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvrank_operator.manifests.common import (
+    BOOTSTRAP_RESOURCES,
+    REDIS_PORT,
+    labels,
+    redis_name,
+    restricted_container,
+    restricted_pod,
+)
+from kvrank_operator.spec import RankerSpec, RedisSpec
+
+REDIS_UID = 999
+"""The redis image's numeric user (Debian's redis package)."""
+
+
+def bootstrap_script(replicas_per_shard: int) -> str:
+    """Forms the managed Redis Cluster from ``$NODES`` (``host:port`` …), idempotently: waits
+    for every node, does nothing when all 16384 slots are assigned, refuses to re-create
+    over a node that holds data, then ``redis-cli --cluster create`` and waits until every
+    node reports ``cluster_state:ok`` (the Job's success means the cluster is usable)."""
+    return (
+        'set -eu\nA="-a $REDIS_PASSWORD --no-auth-warning"\n'
+        'for h in $NODES; do until redis-cli $A -h "${h%:*}" -p "${h##*:}" ping; do sleep 2;'
+        " done; done\n"
+        'first="${NODES%% *}"\n'
+        'if redis-cli $A -h "${first%:*}" -p "${first##*:}" cluster info'
+        ' | grep -q "cluster_slots_assigned:16384"; then\n'
+        '  echo "cluster already formed: nothing to do"; exit 0; fi\n'
+        "for h in $NODES; do\n"
+        '  keys=$(redis-cli $A -h "${h%:*}" -p "${h##*:}" dbsize)\n'
+        '  if [ "$keys" != "0" ]; then\n'
+        '    echo "node $h holds $keys keys: refusing to re-create"; exit 1; fi\n'
+        "done\n"
+        f"redis-cli $A --cluster create $NODES --cluster-replicas {replicas_per_shard}"
+        " --cluster-yes\n"
+        # done means usable: every node has agreed on the new configuration
+        "for h in $NODES; do\n"
+        '  until redis-cli $A -h "${h%:*}" -p "${h##*:}" cluster info'
+        ' | grep -q "cluster_state:ok"; do sleep 1; done; done\n'
+        'echo "cluster formed"\n'
+    )
+
+
+def managed_redis(
+    spec: RankerSpec, instance: str, namespace: str, password: str
+) -> list[dict[str, Any]]:
+    """ConfigMap + auth Secret + headless Service + StatefulSet + bootstrap Job +
+    NetworkPolicy + PDB, in the order they are applied."""
+    r, name = spec.cache.redis, redis_name(instance)
+    rl = labels(instance, "redis")
+
+    def meta(suffix: str = "") -> dict[str, Any]:
+        return {"name": name + suffix, "namespace": namespace, "labels": rl}
+
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta("-conf"),
+            "data": {"redis.conf": _redis_conf(r)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta("-auth"),
+            "type": "Opaque",
+            "stringData": {"password": password},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta("-headless"),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": rl,
+                "ports": [
+                    {"name": "redis", "port": REDIS_PORT},
+                    {"name": "bus", "port": REDIS_PORT + 10000},
+                ],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": meta(),
+            "spec": _sts(r, name, rl),
+        },
+        _bootstrap_job(r, instance, namespace, meta("-bootstrap")),
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": meta(),
+            "spec": _network_policy(instance, rl),
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta(),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": rl}},
+        },
+    ]
+
+
+def _nodes(r: RedisSpec) -> int:
+    return r.shards * (1 + r.replicas_per_shard)
+
+
+def _redis_conf(r: RedisSpec) -> str:
+    return (
+        "cluster-enabled yes\ncluster-config-file /data/nodes.conf\n"
+        "cluster-node-timeout 5000\nappendonly "
+        + ("yes" if r.persistence else "no")
+        + f"\nmaxmemory {_bytes(r.memory) * 9 // 10}\nmaxmemory-policy allkeys-lru\n"
+    )
+
+
+def _auth_env(name: str) -> list[dict[str, Any]]:
+    secret = {"secretKeyRef": {"name": f"{name}-auth", "key": "password"}}
+    return [{"name": "REDIS_PASSWORD", "valueFrom": secret}]
+
+
+def _sts(r: RedisSpec, name: str, rl: dict[str, str]) -> dict[str, Any]:
+    """Parallel start (the bootstrap Job waits for all); emptyDir data unless persistent."""
+    sts: dict[str, Any] = {
+        "serviceName": f"{name}-headless",
+        "replicas": _nodes(r),
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": rl},
+        "template": {
+            "metadata": {"labels": rl},
+            "spec": {
+                "securityContext": restricted_pod(REDIS_UID, fs_group=REDIS_UID),
+                "containers": [_redis_container(r, name)],
+                "volumes": [
+                    {"name": "conf", "configMap": {"name": f"{name}-conf"}},
+                    *([] if r.persistence else [{"name": "data", "emptyDir": {}}]),
+                ],
+            },
+        },
+    }
+    if r.persistence:
+        claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": r.memory}}}
+        sts["volumeClaimTemplates"] = [{"metadata": {"name": "data"}, "spec": claim}]
+    return sts
+
+
+def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
+    ping = 'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning ping'
+    return {
+        "name": "redis",
+        "image": r.image,
+        "command": [
+            "sh",
+            "-c",
+            "exec redis-server /conf/redis.conf"
+            ' --requirepass "$REDIS_PASSWORD" --masterauth "$REDIS_PASSWORD"',
+        ],
+        "env": _auth_env(name),
+        "ports": [
+            {"name": "redis", "containerPort": REDIS_PORT},
+            {"name": "bus", "containerPort": REDIS_PORT + 10000},
+        ],
+        "resources": {"requests": {"memory": r.memory}, "limits": {"memory": r.memory}},
+        "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5},
+        "volumeMounts": [
+            {"name": "conf", "mountPath": "/conf"},
+            {"name": "data", "mountPath": "/data"},
+        ],
+        "securityContext": restricted_container(),
+    }
+
+
+def _bootstrap_job(
+    r: RedisSpec, instance: str, namespace: str, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """Forms the cluster once, over the headless Service's per-pod DNS names."""
+    name = redis_name(instance)
+    hosts = " ".join(
+        f"{name}-{i}.{name}-headless.{namespace}.svc:{REDIS_PORT}" for i in range(_nodes(r))
+    )
+    container = {
+        "name": "bootstrap",
+        "image": r.image,
+        "env": [*_auth_env(name), {"name": "NODES", "value": hosts}],
+        "command": ["sh", "-c", bootstrap_script(r.replicas_per_shard)],
+        "resources": BOOTSTRAP_RESOURCES,
+        "securityContext": restricted_container(),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 20,
+            "template": {
+                "metadata": {"labels": labels(instance, "redis-bootstrap")},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "securityContext": restricted_pod(REDIS_UID),
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def _network_policy(instance: str, rl: dict[str, str]) -> dict[str, Any]:
+    """Redis answers only this instance's rankers, its own nodes, its Jobs and the operator."""
+    peers: list[dict[str, Any]] = [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/instance": instance,
+                    "app.kubernetes.io/component": c,
+                }
+            }
+        }
+        for c in ("ranker", "redis", "redis-bootstrap", "purge")
+    ]
+    operator = {"matchLabels": {"app.kubernetes.io/name": "kvrank-operator"}}
+    peers.append({"namespaceSelector": {}, "podSelector": operator})
+    return {
+        "podSelector": {"matchLabels": rl},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": peers, "ports": [{"port": REDIS_PORT}, {"port": REDIS_PORT + 10000}]}],
+    }
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, mult in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * mult)
+    return int(quantity)
