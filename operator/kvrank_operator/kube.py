@@ -73,11 +73,15 @@ class Kube:
         )
         return dict(out.to_dict())
 
-    def create_if_absent(self, obj: dict[str, Any], owner: Owner) -> dict[str, Any]:
+    def create_if_absent(self, obj: dict[str, Any], owner: Owner) -> bool:
+        """Create ``obj`` unless it exists; ``True`` when it was created now."""
         existing = self.get(
             obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
         )
-        return existing if existing is not None else self.apply(obj, owner)
+        if existing is not None:
+            return False
+        self.apply(obj, owner)
+        return True
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

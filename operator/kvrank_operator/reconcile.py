@@ -1,10 +1,18 @@
-"""Level-based reconciliation of one ``RankerDeployment``: desired objects → API, status.
+"""Level-based reconciliation of one ``RankerDeployment``, one pass down the layers:
 
-Each call recomputes everything from the spec and the observed state, so it is safe to run
-again at any time (after an operator restart, on a timer, on every change). Ordering rules:
-a version's Deployment is removed only once the current stable version is Ready; a retired
-cache namespace is purged (by a Job) only after its grace period, an aborted canary's at
-once. Returns the new ``status`` and the Events to post; it never patches the status itself.
+1. **desired** — every object that should exist, built purely from the spec
+   (:func:`kvrank_operator.manifests.desired_objects`);
+2. **apply** — server-side apply of that set (create-only for Jobs and the generated Secret);
+3. **observe** — one read of what the cluster reports: Deployments, pods per version, purge
+   Jobs, the managed Redis;
+4. **act** on what was observed — remove a version's Deployment only once the stable
+   version is Ready; retire a cache namespace and purge it (a Job) after its grace period,
+   an aborted canary's at once;
+5. **status** — conditions and counts from the same observation.
+
+Each call recomputes everything, so it is safe to run again at any time (after an operator
+restart, on a timer, on every change). Returns the new ``status`` and the Events to post;
+it never patches the status itself.
 """
 
 from __future__ import annotations
@@ -67,6 +75,28 @@ RedisHealthCheck = Callable[[list[str], str | None, int, int], Health]
 heal a step)."""
 
 
+@dataclass(frozen=True)
+class ObservedRedis:
+    want: int
+    ready: int
+    formed: bool
+    """The bootstrap Job succeeded once: from then on the nodes themselves are asked."""
+    addresses: list[str]
+    password: str | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    deployments: dict[str, dict[str, Any]]
+    """model version → its Deployment (old ones included)."""
+    serving: set[str]
+    """Versions that still have pods, draining ones included."""
+    finished_jobs: set[str]
+    """Purge Jobs that succeeded."""
+    redis: ObservedRedis | None
+    """``None`` for an external Redis."""
+
+
 def reconcile(
     kube: Kube,
     body: dict[str, Any],
@@ -82,193 +112,138 @@ def reconcile(
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as exc:
-        set_condition(status, "Degraded", True, "InvalidSpec", str(exc), gen, now)
-        set_condition(
-            status, "Progressing", False, "InvalidSpec", "fix the spec to continue", gen, now
-        )
-        out.events.append(("Warning", "InvalidSpec", f"{exc}; nothing was changed or deleted"))
-        return out
+        return _invalid(out, exc, gen, now)
     set_condition(status, "Degraded", False, "SpecValid", "spec is valid", gen, now)
-    _apply_objects(kube, spec, name, ns, owner, status, out)
-    deps = {
-        d["metadata"]["labels"].get("kvrank.io/version"): d
-        for d in kube.list(
-            "apps/v1",
-            "Deployment",
-            ns,
-            {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "ranker"},
-        )
-    }
-    live = dict(spec.versions())
+    ttl = (status.get("ttl") or {}).get("seconds")
+    desired = m.desired_objects(spec, name, ns, ttl, secrets.token_urlsafe(24))
+    _apply(kube, desired, owner, out)
+    seen = observe(kube, spec, name, ns)
     stable_ready = _ready(
-        deps.get(spec.model.version), _want(spec, deps, spec.model.version, "stable")
+        seen.deployments.get(spec.model.version), _want(spec, seen, spec.model.version, "stable")
     )
-    for version, dep in deps.items():
-        if version not in live and stable_ready:
-            kube.delete("apps/v1", "Deployment", ns, dep["metadata"]["name"])
-            kube.delete("v1", "Service", ns, m.deployment_name(name, str(version)))
-            out.events.append(
-                (
-                    "Normal",
-                    "VersionRemoved",
-                    f"removed model version {version}: stable {spec.model.version} is Ready",
-                )
-            )
-    _namespaces(kube, spec, name, ns, owner, status, out, now)
-    _status(spec, name, deps, live, stable_ready, status, gen, now)
-    cache = _cache_ready(kube, spec, name, ns, redis_health)
+    if stable_ready:
+        _remove_old_versions(kube, spec, name, ns, seen, out)
+    _cache_namespaces(kube, spec, name, ns, owner, seen, out, now)
+    _status(spec, name, seen, status, gen, now)
+    cache = _cache_health(spec, seen.redis, redis_health)
     set_condition(status, "CacheReady", cache.ok, cache.reason, cache.message, gen, now)
-    for action in cache.actions:
-        out.events.append(("Normal", "RedisHealing", action))
+    out.events += [("Normal", "RedisHealing", action) for action in cache.actions]
     return out
 
 
-def _cache_ready(
-    kube: Kube, spec: RankerSpec, name: str, ns: str, redis_health: RedisHealthCheck | None
-) -> Health:
-    if spec.cache.redis.mode == "external":
-        return Health(True, "External", "external Redis (validated, passed through)")
+def _invalid(out: Outcome, exc: SpecError, gen: int, now: dt.datetime) -> Outcome:
+    set_condition(out.status, "Degraded", True, "InvalidSpec", str(exc), gen, now)
+    set_condition(
+        out.status, "Progressing", False, "InvalidSpec", "fix the spec to continue", gen, now
+    )
+    out.events.append(("Warning", "InvalidSpec", f"{exc}; nothing was changed or deleted"))
+    return out
+
+
+# ------------------------------------------------------------------------------- apply
+
+
+def _apply(kube: Kube, desired: list[m.Desired], owner: Owner, out: Outcome) -> None:
+    for d in desired:
+        if not d.create_only:
+            kube.apply(d.obj, owner)
+        elif kube.create_if_absent(d.obj, owner) and d.kind == "Secret":
+            out.events.append(
+                ("Normal", "RedisPasswordCreated", f"generated Secret {d.obj['metadata']['name']}")
+            )
+
+
+# ----------------------------------------------------------------------------- observe
+
+
+def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
+    """Everything the later steps decide on, read once."""
+    ranker = {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "ranker"}
+    deployments = {
+        str(d["metadata"]["labels"].get("kvrank.io/version")): d
+        for d in kube.list("apps/v1", "Deployment", ns, ranker)
+    }
+    serving = {
+        str(p["metadata"]["labels"].get("kvrank.io/version"))
+        for p in kube.list("v1", "Pod", ns, m.labels(name))
+    }
+    finished = {
+        j["metadata"]["name"]
+        for j in kube.list("batch/v1", "Job", ns, m.labels(name, "purge"))
+        if (j.get("status") or {}).get("succeeded")
+    }
+    redis = _observe_redis(kube, name, ns) if spec.cache.redis.mode == "managed" else None
+    return Observed(deployments, serving, finished, redis)
+
+
+def _observe_redis(kube: Kube, name: str, ns: str) -> ObservedRedis:
     sts = kube.get("apps/v1", "StatefulSet", ns, m.redis_name(name)) or {}
-    want = (sts.get("spec") or {}).get("replicas", 0)
-    ready = (sts.get("status") or {}).get("readyReplicas") or 0
     job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
     formed = bool((job.get("status") or {}).get("succeeded"))
-    if not formed or redis_health is None:
-        ok = bool(want) and ready >= want and formed
-        return Health(
-            ok,
-            "Ready" if ok else "Waiting",
-            f"managed Redis Cluster: {ready}/{want} nodes ready, "
-            + ("cluster formed" if formed else "bootstrap pending"),
+    addresses: list[str] = []
+    password = None
+    if formed:
+        pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
+        addresses = sorted(
+            f"{p['status']['podIP']}:{m.REDIS_PORT}"
+            for p in pods
+            if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
         )
-    # formed once: from now on trust what the nodes say, not the Job
-    pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
-    addrs = sorted(
-        f"{p['status']['podIP']}:{m.REDIS_PORT}"
-        for p in pods
-        if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
+        secret = kube.get("v1", "Secret", ns, f"{m.redis_name(name)}-auth") or {}
+        encoded = (secret.get("data") or {}).get("password")
+        password = base64.b64decode(encoded).decode() if encoded else None
+    return ObservedRedis(
+        want=(sts.get("spec") or {}).get("replicas", 0),
+        ready=(sts.get("status") or {}).get("readyReplicas") or 0,
+        formed=formed,
+        addresses=addresses,
+        password=password,
     )
-    secret = kube.get("v1", "Secret", ns, f"{m.redis_name(name)}-auth") or {}
-    encoded = (secret.get("data") or {}).get("password")
-    password = base64.b64decode(encoded).decode() if encoded else None
-    r = spec.cache.redis
-    health = redis_health(
-        addrs, password, want or r.shards * (1 + r.replicas_per_shard), r.replicas_per_shard
-    )
-    health.message = f"managed Redis Cluster: {health.message}"
-    return health
 
 
-def _apply_objects(
-    kube: Kube,
-    spec: RankerSpec,
-    name: str,
-    ns: str,
-    owner: Owner,
-    status: dict[str, Any],
-    out: Outcome,
+# --------------------------------------------------------------------------------- act
+
+
+def _remove_old_versions(
+    kube: Kube, spec: RankerSpec, name: str, ns: str, seen: Observed, out: Outcome
 ) -> None:
-    ttl = (status.get("ttl") or {}).get("seconds")
-    kube.apply(m.config_map(spec, name, ns, ttl), owner)
-    if spec.cache.redis.mode == "managed":
-        secret_name = f"{m.redis_name(name)}-auth"
-        existing = kube.get("v1", "Secret", ns, secret_name)
-        objs = m.managed_redis(spec, name, ns, secrets.token_urlsafe(24))
-        for obj in objs:
-            if obj["kind"] == "Secret":
-                if existing is None:
-                    kube.apply(obj, owner)
-                    out.events.append(
-                        ("Normal", "RedisPasswordCreated", f"generated Secret {secret_name}")
-                    )
-            elif obj["kind"] == "Job":
-                kube.create_if_absent(obj, owner)  # Job templates are immutable
-            else:
-                kube.apply(obj, owner)
-    for version, role in spec.versions():
-        uri = spec.model.uri if role == "stable" else spec.canary.uri  # type: ignore[union-attr]
-        dep = m.deployment(spec, name, ns, version, uri, spec.replicas_of(role), role)
-        if spec.model.external_replicas:
-            dep["spec"].pop("replicas")  # the autoscaler's field: never claim it
-        kube.apply(dep, owner)
-    for svc in m.services(spec, name, ns):
-        kube.apply(svc, owner)
-    kube.apply(m.pod_disruption_budget(name, ns), owner)
+    """Only called once the stable version is Ready: nothing is removed under traffic."""
+    live = dict(spec.versions())
+    for version, dep in seen.deployments.items():
+        if version in live:
+            continue
+        kube.delete("apps/v1", "Deployment", ns, dep["metadata"]["name"])
+        kube.delete("v1", "Service", ns, m.deployment_name(name, version))
+        out.events.append(
+            (
+                "Normal",
+                "VersionRemoved",
+                f"removed model version {version}: stable {spec.model.version} is Ready",
+            )
+        )
 
 
-def _want(spec: RankerSpec, deps: dict[Any, dict[str, Any]], version: str, role: str) -> int:
-    """Desired replicas: from the spec, or from the Deployment when an autoscaler owns it."""
-    if spec.model.external_replicas:
-        return int(((deps.get(version) or {}).get("spec") or {}).get("replicas") or 1)
-    return spec.replicas_of(role)
-
-
-def _ready(dep: dict[str, Any] | None, want: int) -> bool:
-    if dep is None:
-        return False
-    st = dep.get("status") or {}
-    return (
-        st.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
-        and (st.get("readyReplicas") or 0) >= want
-        and (st.get("updatedReplicas") or 0) >= want
-    )
-
-
-def _namespaces(
+def _cache_namespaces(
     kube: Kube,
     spec: RankerSpec,
     name: str,
     ns: str,
     owner: Owner,
-    status: dict[str, Any],
+    seen: Observed,
     out: Outcome,
     now: dt.datetime,
 ) -> None:
-    entries: list[dict[str, Any]] = status.setdefault("cacheNamespaces", [])
-    by_version = {e["version"]: e for e in entries}
+    """One namespace per live version (active); one of a version gone is retired, then
+    purged by a Job once nothing serves it and its grace period is over."""
+    entries: list[dict[str, Any]] = out.status.setdefault("cacheNamespaces", [])
     live = dict(spec.versions())
-    for version, role in live.items():
-        e = by_version.get(version)
-        if e is None or e["state"] != "active":
-            if e is not None:
-                entries.remove(e)
-            entries.append(
-                {
-                    "version": version,
-                    "namespace": namespace_for(version),
-                    "role": role,
-                    "state": "active",
-                    "since": iso(now),
-                }
-            )
-            out.events.append(
-                (
-                    "Normal",
-                    "CacheNamespaceActive",
-                    f"{role} version {version} uses namespace {namespace_for(version)}",
-                )
-            )
-        elif e["role"] != role:
-            e["role"] = role
+    _activate(entries, live, out, now)
     for e in entries:
-        if e["version"] in live or e["state"] in ("purged",):
+        if e["version"] in live or e["state"] == "purged":
             continue
         if e["state"] == "active":
-            aborted = e["role"] == "canary"
-            grace = _grace(spec, e)
-            e.update(
-                state="retired", since=iso(now), purgeAfter=iso(now + dt.timedelta(seconds=grace))
-            )
-            out.events.append(
-                (
-                    "Normal",
-                    "CacheNamespaceRetired",
-                    f"namespace {e['namespace']} retired ("
-                    + ("canary aborted" if aborted else f"purge in {grace}s")
-                    + ")",
-                )
-            )
-        if e["state"] == "retired" and _still_serving(kube, name, ns, e["version"]):
+            _retire(spec, e, out, now)
+        if e["state"] == "retired" and e["version"] in seen.serving:
             # a pod of the retired version (even one draining) would write new entries into
             # the namespace after the purge: the grace period counts from its last pod
             e["purgeAfter"] = iso(now + dt.timedelta(seconds=_grace(spec, e)))
@@ -283,13 +258,49 @@ def _namespaces(
                     f"purging namespace {e['namespace']} (Job {e['job']})",
                 )
             )
-        if e["state"] == "purging":
-            found = kube.get("batch/v1", "Job", ns, e["job"])
-            if found and (found.get("status") or {}).get("succeeded"):
-                e.update(state="purged", since=iso(now))
-                out.events.append(
-                    ("Normal", "CacheNamespacePurged", f"namespace {e['namespace']} purged")
-                )
+        elif e["state"] == "purging" and e["job"] in seen.finished_jobs:
+            e.update(state="purged", since=iso(now))
+            out.events.append(
+                ("Normal", "CacheNamespacePurged", f"namespace {e['namespace']} purged")
+            )
+
+
+def _activate(
+    entries: list[dict[str, Any]], live: dict[str, str], out: Outcome, now: dt.datetime
+) -> None:
+    by_version = {e["version"]: e for e in entries}
+    for version, role in live.items():
+        e = by_version.get(version)
+        if e is not None and e["state"] == "active":
+            e["role"] = role
+            continue
+        if e is not None:
+            entries.remove(e)
+        entries.append(
+            {
+                "version": version,
+                "namespace": namespace_for(version),
+                "role": role,
+                "state": "active",
+                "since": iso(now),
+            }
+        )
+        out.events.append(
+            (
+                "Normal",
+                "CacheNamespaceActive",
+                f"{role} version {version} uses namespace {namespace_for(version)}",
+            )
+        )
+
+
+def _retire(spec: RankerSpec, e: dict[str, Any], out: Outcome, now: dt.datetime) -> None:
+    grace = _grace(spec, e)
+    e.update(state="retired", since=iso(now), purgeAfter=iso(now + dt.timedelta(seconds=grace)))
+    why = "canary aborted" if e["role"] == "canary" else f"purge in {grace}s"
+    out.events.append(
+        ("Normal", "CacheNamespaceRetired", f"namespace {e['namespace']} retired ({why})")
+    )
 
 
 def _grace(spec: RankerSpec, entry: dict[str, Any]) -> int:
@@ -298,32 +309,48 @@ def _grace(spec: RankerSpec, entry: dict[str, Any]) -> int:
     return 0 if entry["role"] == "canary" else spec.cache.retired_namespace_grace_seconds
 
 
-def _still_serving(kube: Kube, name: str, ns: str, version: str) -> bool:
-    return bool(kube.list("v1", "Pod", ns, m.version_labels(name, version)))
+def _want(spec: RankerSpec, seen: Observed, version: str, role: str) -> int:
+    """Desired replicas: from the spec, or from the Deployment when an autoscaler owns it."""
+    if spec.model.external_replicas:
+        dep = seen.deployments.get(version) or {}
+        return int((dep.get("spec") or {}).get("replicas") or 1)
+    return spec.replicas_of(role)
+
+
+def _ready(dep: dict[str, Any] | None, want: int) -> bool:
+    if dep is None:
+        return False
+    st = dep.get("status") or {}
+    return (
+        st.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
+        and (st.get("readyReplicas") or 0) >= want
+        and (st.get("updatedReplicas") or 0) >= want
+    )
+
+
+# ------------------------------------------------------------------------------ status
 
 
 def _status(
     spec: RankerSpec,
     name: str,
-    deps: dict[Any, dict[str, Any]],
-    live: dict[str, str],
-    stable_ready: bool,
+    seen: Observed,
     status: dict[str, Any],
     gen: int,
     now: dt.datetime,
 ) -> None:
+    live = dict(spec.versions())
     versions: list[dict[str, Any]] = []
     all_ready = True
     for version, role in live.items():
-        want = _want(spec, deps, version, role)
-        st = (deps.get(version) or {}).get("status") or {}
-        ready = st.get("readyReplicas") or 0
-        ok = _ready(deps.get(version), want)
-        all_ready &= ok
+        want = _want(spec, seen, version, role)
+        dep = seen.deployments.get(version)
+        all_ready &= _ready(dep, want)
+        ready = ((dep or {}).get("status") or {}).get("readyReplicas") or 0
         versions.append(
             {"version": version, "role": role, "replicas": want, "readyReplicas": ready}
         )
-    leftovers = [v for v in deps if v not in live]
+    leftovers = [v for v in seen.deployments if v not in live]
     status["versions"] = versions
     status["replicas"] = spec.model.replicas
     status["selector"] = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=ranker"
@@ -342,18 +369,40 @@ def _status(
     set_condition(
         status, "Progressing", not ready, "Rolling" if not ready else "Stable", msg, gen, now
     )
-    if spec.canary is not None:
-        canary_ok = any(
-            v["role"] == "canary" and v["readyReplicas"] >= v["replicas"] for v in versions
-        )
-        set_condition(
-            status,
-            "CanaryReady",
-            canary_ok,
-            "Ready" if canary_ok else "Waiting",
-            f"canary {spec.canary.version} at weight {spec.canary.weight}",
-            gen,
-            now,
-        )
-    else:
+    _canary_condition(spec, versions, status, gen, now)
+
+
+def _canary_condition(
+    spec: RankerSpec,
+    versions: list[dict[str, Any]],
+    status: dict[str, Any],
+    gen: int,
+    now: dt.datetime,
+) -> None:
+    if spec.canary is None:
         status["conditions"] = [c for c in status["conditions"] if c["type"] != "CanaryReady"]
+        return
+    ok = any(v["role"] == "canary" and v["readyReplicas"] >= v["replicas"] for v in versions)
+    message = f"canary {spec.canary.version} at weight {spec.canary.weight}"
+    set_condition(status, "CanaryReady", ok, "Ready" if ok else "Waiting", message, gen, now)
+
+
+def _cache_health(
+    spec: RankerSpec, redis: ObservedRedis | None, redis_health: RedisHealthCheck | None
+) -> Health:
+    if redis is None:
+        return Health(True, "External", "external Redis (validated, passed through)")
+    if not redis.formed or redis_health is None:
+        ok = bool(redis.want) and redis.ready >= redis.want and redis.formed
+        return Health(
+            ok,
+            "Ready" if ok else "Waiting",
+            f"managed Redis Cluster: {redis.ready}/{redis.want} nodes ready, "
+            + ("cluster formed" if redis.formed else "bootstrap pending"),
+        )
+    # formed once: from now on trust what the nodes say, not the Job
+    r = spec.cache.redis
+    nodes = redis.want or r.shards * (1 + r.replicas_per_shard)
+    health = redis_health(redis.addresses, redis.password, nodes, r.replicas_per_shard)
+    health.message = f"managed Redis Cluster: {health.message}"
+    return health

@@ -3,7 +3,8 @@
 Every function takes the typed spec (and the resource's name/namespace) and returns plain
 dicts; no API calls, no randomness except where a caller passes it in. Owner references
 are added by the reconciler, which knows the owner's UID. ``ranker`` builds the serving
-side, ``redis`` the managed Redis Cluster, ``common`` what both share.
+side, ``redis`` the managed Redis Cluster, ``common`` what both share, and ``desired``
+lists everything that should exist now (the reconciler's apply set).
 """
 
 from kvrank_operator.manifests.common import (
@@ -18,6 +19,7 @@ from kvrank_operator.manifests.common import (
     restricted_pod,
     version_labels,
 )
+from kvrank_operator.manifests.desired import Desired, desired_objects
 from kvrank_operator.manifests.ranker import (
     config_map,
     deployment,
@@ -31,10 +33,12 @@ from kvrank_operator.manifests.redis import bootstrap_script, managed_redis
 __all__ = [
     "CONFIG_FILE",
     "REDIS_PORT",
+    "Desired",
     "bootstrap_script",
     "config_map",
     "deployment",
     "deployment_name",
+    "desired_objects",
     "labels",
     "managed_redis",
     "password_secret",

@@ -1,0 +1,47 @@
+"""Everything a ``RankerDeployment`` should own right now, as one list: the apply set.
+
+Pure: the typed spec, the TTL in force and a freshly generated Redis password (used only if
+the Secret does not exist yet) in; :class:`Desired` objects out, in the order they are
+applied. What is removed (old versions) and what is created over time (purge Jobs) depends
+on what is observed, so the reconciler decides those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvrank_operator.manifests.ranker import config_map, deployment, pod_disruption_budget, services
+from kvrank_operator.manifests.redis import managed_redis
+from kvrank_operator.spec import RankerSpec
+
+
+@dataclass(frozen=True)
+class Desired:
+    obj: dict[str, Any]
+    create_only: bool = False
+    """Created when absent, never updated: Job templates are immutable, and a Secret's
+    generated password must never be replaced under running pods."""
+
+    @property
+    def kind(self) -> str:
+        return str(self.obj["kind"])
+
+
+def desired_objects(
+    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None, password: str
+) -> list[Desired]:
+    out = [Desired(config_map(spec, instance, namespace, ttl_s))]
+    if spec.cache.redis.mode == "managed":
+        for obj in managed_redis(spec, instance, namespace, password):
+            out.append(Desired(obj, create_only=obj["kind"] in ("Secret", "Job")))
+    for version, role in spec.versions():
+        canary = spec.canary
+        uri = canary.uri if role == "canary" and canary is not None else spec.model.uri
+        dep = deployment(spec, instance, namespace, version, uri, spec.replicas_of(role), role)
+        if spec.model.external_replicas:
+            dep["spec"].pop("replicas")  # the autoscaler's field: never claim it
+        out.append(Desired(dep))
+    out += [Desired(svc) for svc in services(spec, instance, namespace)]
+    out.append(Desired(pod_disruption_budget(instance, namespace)))
+    return out
