@@ -20,7 +20,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins lint test test-only demo bench bench-seed train \
+.PHONY: help venv services kube-bins lint test test-only demo bench bench-production train \
         cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -69,7 +69,7 @@ e2e-kind: venv ## The end-to-end scenarios on kind (needs Docker, kind, kubectl,
 	@for tool in docker kind kubectl helm; do command -v $$tool >/dev/null || \
 	  { echo "make e2e-kind needs '$$tool' on PATH"; exit 2; }; done
 	@docker info >/dev/null 2>&1 || { echo "make e2e-kind needs a running Docker engine (docker info failed)"; exit 2; }
-	KVRANK_E2E_BACKEND=kind $(PY) -m pytest -q e2e/test_e2e.py
+	KVRANK_CLUSTER=kind $(PY) -m pytest -q e2e/test_e2e.py
 
 demo: venv ## Train or load the small model and show what the cache saves
 	$(VENV)/bin/kvrank demo
@@ -80,8 +80,8 @@ train: venv ## Train the quick model into artifacts/quick
 bench: venv ## Quick benchmark (CPU, < 1 min): reports/bench-quick.{json,png}
 	$(VENV)/bin/kvrank bench --profile quick --json reports/bench-quick.json --plot reports/bench-quick.png
 
-bench-seed: venv ## Seed-size benchmark (minutes on CPU): reports/bench-seed.{json,png}
-	$(VENV)/bin/kvrank bench --profile seed --json reports/bench-seed.json --plot reports/bench-seed.png
+bench-production: venv ## Production-size benchmark (minutes on CPU): reports/bench-production.{json,png}
+	$(VENV)/bin/kvrank bench --profile production --json reports/bench-production.json --plot reports/bench-production.png
 
 cluster-up: venv services kube-bins ## Start the local cluster with its real node (root; no Docker); prints export KUBECONFIG=…
 	@PYTHONPATH=e2e $(PY) -m localkube up $(CLUSTER_DIR)

@@ -6,12 +6,12 @@ a managed Redis Cluster formed by its bootstrap Job, model artifacts fetched by 
 artifact-store pod (Pod Security ``restricted`` forbids hostPath volumes), and the test
 namespaces labelled ``pod-security.kubernetes.io/enforce: restricted``.
 
-- :class:`LocalStack` (``KVRANK_E2E_BACKEND=local``, the default; runs in ``make test``):
+- :class:`LocalStack` (``KVRANK_CLUSTER=local``, the default; runs in ``make test``):
   the local cluster with its real node (kubelet + containerd + runc, kube-proxy, CoreDNS,
   kube-router); the images imported into the node's containerd; traffic to Service
   ClusterIPs through kube-proxy, metrics straight from pod IPs; a real Prometheus (Debian's)
   in the node's network namespace is the operator's TTL source.
-- :class:`KindStack` (``KVRANK_E2E_BACKEND=kind``; ``make e2e-kind``): a kind cluster, the
+- :class:`KindStack` (``KVRANK_CLUSTER=kind``; ``make e2e-kind``): a kind cluster, the
   same images loaded with ``kind load``, traffic through ``kubectl port-forward``.
 
 A scenario only talks to the stack: install the operator, adapt a RankerDeployment to the
@@ -40,7 +40,9 @@ from localkube.images import PAUSE_IMAGE
 from localkube.kind import KindCluster
 from localkube.local import LocalCluster
 from localkube.network import POD_GATEWAY
-from localkube.processes import free_port
+from localkube.processes import free_port, wait_for
+from localkube.tools import Cluster
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
@@ -85,16 +87,6 @@ def write_models(root: Path, versions: tuple[str, ...] = ("v1", "v2", "v3")) -> 
         torch.manual_seed(i)
         save_model(RankerModel(MODEL_CONFIG, version), target)
     return root
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float, report: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{report()}")
 
 
 SLOW_PREFIX = "/slow"
@@ -180,14 +172,15 @@ def artifact_store(models: Path, image: str) -> list[dict[str, Any]]:
 class Stack:
     """What both backends share: the operator, images, Redis, Services, failure reports."""
 
-    cluster: LocalCluster | KindCluster
+    cluster: Cluster
     backend: str
     install_timeout_s = 300
 
-    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
+    def __init__(self, workdir: Path, docker: Docker, images: Images, cluster: Cluster) -> None:
         self.workdir = workdir
         self.docker = docker
         self.images = images
+        self.cluster = cluster
         self.models = write_models(workdir / "models")
         self._rr = itertools.count()
         self._routes: dict[str, tuple[float, list[str]]] = {}
@@ -205,10 +198,14 @@ class Stack:
 
     # ------------------------------------------------------------------ setup
     def start(self) -> Stack:
+        """Load the images into the (started) cluster, then the namespaces."""
         raise NotImplementedError
 
     def stop(self) -> None:
-        raise NotImplementedError
+        """Remove what :meth:`start` and the tests made; the cluster stays up."""
+        self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, check=False)
+        for ns in (NS, OPERATOR_NS):
+            self.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
 
     def prepare_namespaces(self) -> None:
         """Both namespaces admit only ``restricted`` pods; then the artifact store."""
@@ -285,11 +282,18 @@ class Stack:
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, check=check, input=input).stdout
 
+    def must_get(self, kind: str, name: str, ns: str = NS) -> dict[str, Any]:
+        """An object that must exist now (fails with the stack's report when it does not)."""
+        obj = self.get(kind, name, ns)
+        if obj is None:
+            raise AssertionError(f"{kind}/{name} not found in {ns}\n{self.report()}")
+        return obj
+
     def get(self, kind: str, name: str, ns: str = NS) -> dict[str, Any] | None:
         out = self.cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
         return json.loads(out.stdout) if out.returncode == 0 else None
 
-    def list(self, kind: str, selector: str, ns: str = NS) -> list[dict[str, Any]]:
+    def select(self, kind: str, selector: str, ns: str = NS) -> list[dict[str, Any]]:
         out = self.kubectl("get", kind, "-n", ns, "-l", selector, "-o", "json")
         return list(json.loads(out)["items"])
 
@@ -322,7 +326,7 @@ class Stack:
     # ------------------------------------------------------------------ traffic
     def endpoints(self, service: str) -> list[str]:
         """Ready ``ip:port`` of a Service, read from its EndpointSlices."""
-        slices = self.list("endpointslices", f"kubernetes.io/service-name={service}")
+        slices = self.select("endpointslices", f"kubernetes.io/service-name={service}")
         out = []
         for s in slices:
             port = next((p["port"] for p in s.get("ports") or [] if p.get("name") == "http"), None)
@@ -362,7 +366,7 @@ class Stack:
     # ------------------------------------------------------------------ Redis
     def redis_pods(self, instance: str = "feed-ranker") -> list[str]:
         """The running pods of ``instance``'s managed Redis Cluster."""
-        pods = self.list("pods", f"app.kubernetes.io/instance={instance},{REDIS_SELECTOR}")
+        pods = self.select("pods", f"app.kubernetes.io/instance={instance},{REDIS_SELECTOR}")
         return sorted(
             p["metadata"]["name"]
             for p in pods
@@ -380,9 +384,17 @@ class Stack:
             "--",
             "sh",
             "-c",
-            f'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning {quoted}',
+            f'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli {quoted}',
             check=check,
         )
+
+    def redis_password(self, instance: str = "feed-ranker") -> str:
+        secret = self.must_get("secret", f"{instance}-redis-auth")
+        return base64.b64decode(secret["data"]["password"]).decode()
+
+    def command_lines(self) -> list[str]:
+        """Every process command line on the cluster's nodes (what any node user can read)."""
+        raise NotImplementedError
 
     def redis_keys(self, cache_ns: str, instance: str = "feed-ranker") -> int:
         total = 0
@@ -403,16 +415,17 @@ class Stack:
 # ====================================================================== local
 class LocalStack(Stack):
     backend = "local"
+    cluster: LocalCluster
 
-    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
-        super().__init__(workdir, docker, images)
-        self.cluster = LocalCluster(workdir / "cluster", real_node=True)
+    def __init__(
+        self, workdir: Path, docker: Docker, images: Images, cluster: LocalCluster
+    ) -> None:
+        super().__init__(workdir, docker, images, cluster)
         self.prometheus_url = ""
         self.discovery: PodTargets | None = None
 
     def start(self) -> LocalStack:
         try:
-            self.cluster.start(timeout=180)
             node = self.cluster.node
             assert node is not None
             for ref in self.images.all():
@@ -428,10 +441,21 @@ class LocalStack(Stack):
     def stop(self) -> None:
         if self.discovery is not None:
             self.discovery.stop()
-        self.cluster.stop()
+        self.cluster.supervisor.stop_named("prometheus")
+        super().stop()
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}
+
+    def command_lines(self) -> list[str]:
+        """The node is this machine: its ``/proc`` holds every container's processes."""
+        lines = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue  # the process ended meanwhile
+        return lines
 
     def base_urls(self, service: str) -> list[str]:
         """The Service's ClusterIP: kube-proxy picks the pod, as for any client in the cluster."""
@@ -559,20 +583,22 @@ class PodTargets:
 
     def targets(self) -> list[dict[str, Any]]:
         out = []
-        for pod in self.api.list_namespaced_pod(self.namespace).items:
-            ann = pod.metadata.annotations or {}
-            if ann.get("prometheus.io/scrape") != "true" or pod.status.phase != "Running":
+        pods: list[dict[str, Any]] = self.api.list_namespaced_pod(self.namespace).to_dict()["items"]
+        for pod in pods:
+            meta, st = pod["metadata"], pod.get("status") or {}
+            ann = meta.get("annotations") or {}
+            if ann.get("prometheus.io/scrape") != "true" or st.get("phase") != "Running":
                 continue
-            if not pod.status.pod_ip or pod.metadata.deletion_timestamp:
+            if not st.get("pod_ip") or meta.get("deletion_timestamp"):
                 continue
-            labels = pod.metadata.labels or {}
+            labels = meta.get("labels") or {}
             out.append(
                 {
-                    "targets": [f"{pod.status.pod_ip}:{ann.get('prometheus.io/port', '8080')}"],
+                    "targets": [f"{st['pod_ip']}:{ann.get('prometheus.io/port', '8080')}"],
                     "labels": {
-                        "kubernetes_namespace": pod.metadata.namespace,
+                        "kubernetes_namespace": meta["namespace"],
                         "instance_name": labels.get("app.kubernetes.io/instance", ""),
-                        "pod": pod.metadata.name,
+                        "pod": meta["name"],
                     },
                 }
             )
@@ -582,14 +608,13 @@ class PodTargets:
 # ====================================================================== kind
 class KindStack(Stack):
     backend = "kind"
+    cluster: KindCluster
 
-    def __init__(self, workdir: Path, docker: Docker, images: Images) -> None:
-        super().__init__(workdir, docker, images)
-        self.cluster = KindCluster(workdir / "cluster")
+    def __init__(self, workdir: Path, docker: Docker, images: Images, cluster: KindCluster) -> None:
+        super().__init__(workdir, docker, images, cluster)
         self.forwards: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
     def start(self) -> KindStack:
-        self.cluster.start()
         try:
             self.cluster.advertise_gpus(8)
             for ref in self.images.all():
@@ -603,7 +628,23 @@ class KindStack(Stack):
     def stop(self) -> None:
         for proc, _ in self.forwards.values():
             proc.terminate()
-        self.cluster.stop()
+        super().stop()
+
+    def command_lines(self) -> list[str]:
+        nodes = subprocess.run(
+            ["kind", "get", "nodes", "--name", self.cluster.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        script = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"
+        return [
+            line
+            for node in nodes
+            for line in subprocess.run(
+                ["docker", "exec", node, "sh", "-c", script], capture_output=True, text=True
+            ).stdout.splitlines()
+        ]
 
     def base_urls(self, service: str) -> list[str]:
         if not self.endpoints(service):
@@ -628,16 +669,21 @@ class KindStack(Stack):
         return [self.forwards[service][1]]
 
 
-def stack_from_env(workdir: Path, docker: Docker, images: Images) -> LocalStack | KindStack:
-    backend = os.environ.get("KVRANK_E2E_BACKEND", "local")
-    if backend == "local":
-        return LocalStack(workdir, docker, images)
-    if backend == "kind":
-        return KindStack(workdir, docker, images)
-    raise ValueError(f"KVRANK_E2E_BACKEND={backend!r}: expected 'local' or 'kind'")
+def stack_for(cluster: Cluster, workdir: Path, docker: Docker, images: Images) -> Stack:
+    """The stack of the session's cluster backend (``KVRANK_CLUSTER``: local or kind)."""
+    if isinstance(cluster, LocalCluster):
+        return LocalStack(workdir, docker, images, cluster)
+    if isinstance(cluster, KindCluster):
+        return KindStack(workdir, docker, images, cluster)
+    raise TypeError(f"no e2e stack for {type(cluster).__name__}")
 
 
-def metric_values(texts: list[str], name: str) -> list[float]:
-    """Every sample of ``name`` in Prometheus text exposition."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
-    return [float(v) for text in texts for v in pattern.findall(text)]
+def metric_values(texts: list[str], name: str, **labels: str) -> list[float]:
+    """Every sample called ``name`` (with ``labels``) in Prometheus text expositions."""
+    return [
+        sample.value
+        for text in texts
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]

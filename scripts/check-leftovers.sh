@@ -5,7 +5,7 @@
 # firewall chain (the host's network must be as the run found it).
 set -uo pipefail
 left=""
-for pid in $(pgrep -f 'etcd|kube-|kubelet|kwok|containerd|coredns|redis-server|prometheus|kvrank' || true); do
+for pid in $(pgrep -f 'etcd|kube-|kubelet|containerd|coredns|redis-server|prometheus|kvrank' || true); do
   [[ -r /proc/$pid/cmdline ]] || continue
   cmd=$(tr '\0' ' ' < /proc/$pid/cmdline)
   cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)

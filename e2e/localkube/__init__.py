@@ -12,8 +12,7 @@ from pathlib import Path
 
 from localkube.kind import KindCluster
 from localkube.local import LocalCluster
-
-Cluster = LocalCluster | KindCluster
+from localkube.tools import Cluster
 
 
 def cluster_from_env(workdir: Path) -> Cluster:

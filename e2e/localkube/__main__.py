@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         print(f"a cluster is already recorded in {pid_file}; run 'down' first", file=sys.stderr)
         return 1
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh etcd and fresh certificates
-    cluster = LocalCluster(workdir, tie_to_parent=False, real_node=True).start(timeout=180)
+    cluster = LocalCluster(workdir, tie_to_parent=False).start(timeout=180)
     pid_file.write_text(json.dumps(cluster.supervisor.pids()))
     print(
         f"# local cluster ready in {cluster.startup_seconds:.1f}s; logs in {cluster.log_dir}",

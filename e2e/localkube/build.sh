@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes cluster's Go binaries: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok and helm for the control plane,
+# kube-controller-manager, kube-scheduler, kubectl and helm for the control plane,
 # kubelet and kube-proxy for its real node, all from their Go modules (GOTOOLCHAIN=local,
 # CGO_ENABLED=0). The node's container runtime and add-ons come from build-node.sh.
 #
@@ -11,15 +11,14 @@ set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"   # newest release whose go directive fits Go 1.26
 ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"    # the etcd line that Kubernetes 1.37 requires
-KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 
 CACHE_ROOT="${KVRANK_CACHE:-$HOME/.cache/kvrank}"
-KEY="kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+KEY="kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 OUT="$CACHE_ROOT/k8s/$KEY"
 BIN="$OUT/bin"
 WORK="$OUT/src"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm kubelet kube-proxy)
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod"
 LOG_TAG=localkube-build
@@ -81,8 +80,6 @@ build_simple() {  # NAME MODULE VERSION PACKAGE [LDFLAGS]
 }
 
 [[ -x "$BIN/etcd" ]] || build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
-[[ -x "$BIN/kwok" ]] || build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
-  "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 KUBE_MINOR="${KUBE_VERSION#v1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
 [[ -x "$BIN/helm" ]] || build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \

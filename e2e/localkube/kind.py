@@ -14,13 +14,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localkube.tools import ClusterTools
+from localkube.tools import Cluster
 
 KIND_CONFIG = Path(__file__).resolve().parent.parent / "kind-config.yaml"
 
 
 @dataclass
-class KindCluster(ClusterTools):
+class KindCluster(Cluster):
     workdir: Path
     name: str = field(default_factory=lambda: f"kvrank-{uuid.uuid4().hex[:6]}")
 

@@ -1,15 +1,10 @@
-"""A real Kubernetes control plane, with a real node or with kwok's fake nodes.
+"""A real Kubernetes cluster of one real node, as child processes under one directory.
 
-etcd, kube-apiserver (TLS, Node+RBAC authorization, service-account signing),
-kube-controller-manager and kube-scheduler run as child processes under one directory.
-Two flavours:
-
-- ``real_node=True``: everything runs inside the node's own network namespace
-  (:mod:`localkube.network`) and a :class:`~localkube.node.RealNode` (kubelet, containerd,
-  runc, kube-proxy, CoreDNS, kube-router) runs the pods as containers. One such cluster per
-  machine: it owns the pod and Service ranges.
-- otherwise, on loopback with free ports, and kwok's fake nodes (pods become Running/Ready,
-  Job pods complete): for tests that need many nodes that do nothing; several can run at once.
+etcd, kube-apiserver (TLS, Node+RBAC authorization with NodeRestriction, service-account
+signing), kube-controller-manager and kube-scheduler run inside the node's own network
+namespace (:mod:`localkube.network`), and a :class:`~localkube.node.RealNode` (kubelet,
+containerd, runc, kube-proxy, CoreDNS, kube-router) runs the pods as containers. One such
+cluster per machine: it owns the pod and Service ranges.
 
 Binaries come from ``build.sh`` (see :func:`binaries`).
 """
@@ -31,18 +26,11 @@ import yaml
 from localkube import pki
 from localkube.network import NODE_IP, NodeNetwork
 from localkube.node import NODE_NAME, NodeContext, RealNode
-from localkube.processes import Supervisor, free_port, tail
-from localkube.tools import ClusterTools
+from localkube.processes import Supervisor, free_port, tail, wait_for
+from localkube.tools import Cluster
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
-KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 SERVICE_CIDR = "10.96.0.0/16"
-
-NODES: tuple[dict[str, Any], ...] = (
-    {"name": "kwok-node-0", "gpu": 0},
-    {"name": "kwok-node-1", "gpu": 0},
-    {"name": "kwok-gpu-0", "gpu": 4},
-)
 
 
 def binaries() -> Path:
@@ -70,15 +58,11 @@ def kubeconfig_doc(server: str, ca: Path, user: dict[str, str], name: str) -> di
 
 
 @dataclass
-class LocalCluster(ClusterTools):
+class LocalCluster(Cluster):
     """Start with :meth:`start`, stop with :meth:`stop`; ``kubeconfig`` is the admin's."""
 
     workdir: Path
     tie_to_parent: bool = True
-    nodes: tuple[dict[str, Any], ...] = NODES
-    """kwok's fake nodes (ignored with ``real_node``)."""
-    real_node: bool = False
-    """Run the cluster in its own network namespace with one real node (kubelet + containerd)."""
 
     def __post_init__(self) -> None:
         self.bin = binaries()
@@ -91,10 +75,8 @@ class LocalCluster(ClusterTools):
         self.supervisor = Supervisor(self.log_dir, self.tie_to_parent)
         self.api_port = 0
         self.server = ""
-        self.network: NodeNetwork | None = NodeNetwork() if self.real_node else None
+        self.network = NodeNetwork()
         self.node: RealNode | None = None
-        if self.real_node:
-            self.nodes = ()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 60.0) -> LocalCluster:
@@ -111,8 +93,7 @@ class LocalCluster(ClusterTools):
         if self.node is not None:
             self.node.stop()
         self.supervisor.stop()
-        if self.network is not None:
-            self.network.teardown()
+        self.network.teardown()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -127,7 +108,6 @@ class LocalCluster(ClusterTools):
             parts.append(f"----- {log.name} -----\n{tail(log, lines)}")
         return "\n".join(parts)
 
-    # ------------------------------------------------------------------ helpers
     # ------------------------------------------------------------------ internals
     def _client_kubeconfig(self, name: str, pair: pki.KeyPair) -> Path:
         path = self.workdir / f"{name}.kubeconfig"
@@ -137,11 +117,10 @@ class LocalCluster(ClusterTools):
         return path
 
     def _wrap(self, argv: list[str]) -> list[str]:
-        return self.network.wrap(argv) if self.network is not None else argv
+        return self.network.wrap(argv)
 
     def _start_components(self, timeout: float) -> None:
-        if self.network is not None:
-            self.network.setup()
+        self.network.setup()
         ca = pki.CertificateAuthority(self.pki_dir)
         sa = pki.service_account_keys(self.pki_dir)
         serving = ca.issue(
@@ -160,12 +139,10 @@ class LocalCluster(ClusterTools):
         admin = ca.issue("admin", "localkube-admin", "system:masters")
         cm = ca.issue("controller-manager", "system:kube-controller-manager")
         sched = ca.issue("scheduler", "system:kube-scheduler")
-        kwok = ca.issue("kwok", "kwok-controller", "system:masters")
 
         etcd_port, peer_port = free_port(), free_port()
         self.api_port = free_port()
-        api_ip = NODE_IP if self.real_node else "127.0.0.1"
-        self.server = f"https://{api_ip}:{self.api_port}"
+        self.server = f"https://{NODE_IP}:{self.api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.supervisor.start(
             "etcd",
@@ -186,26 +163,17 @@ class LocalCluster(ClusterTools):
             ),
         )
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver", "system:masters")
-        if self.real_node:  # the node's namespace has no uplink: listening on all is safe
-            mode = [
-                "--bind-address=0.0.0.0",
-                f"--advertise-address={NODE_IP}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                f"--kubelet-client-certificate={kubelet_client.cert}",
-                f"--kubelet-client-key={kubelet_client.key}",
-                f"--kubelet-certificate-authority={ca.pair.cert}",
-                "--kubelet-preferred-address-types=InternalIP",
-            ]
-        else:
-            mode = [
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--authorization-mode=RBAC",
-                "--endpoint-reconciler-type=none",
-                # no kubelets: nothing would lift the not-ready taint from the fake nodes
-                "--disable-admission-plugins=TaintNodesByCondition",
-            ]
+        # the node's namespace has no uplink: listening on all of its addresses is safe
+        mode = [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={NODE_IP}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={ca.pair.cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
         self.supervisor.start(
             "kube-apiserver",
             self._wrap(
@@ -244,8 +212,7 @@ class LocalCluster(ClusterTools):
                     f"--root-ca-file={ca.pair.cert}",
                     "--use-service-account-credentials=true",
                     f"--cert-dir={self.workdir / 'cm-certs'}",
-                    # a real node's not-ready taint is lifted by nodelifecycle; kwok's never get it
-                    "--controllers=*,-nodeipam" + ("" if self.real_node else ",-nodelifecycle"),
+                    "--controllers=*,-nodeipam",
                 ]
             ),
         )
@@ -262,32 +229,9 @@ class LocalCluster(ClusterTools):
                 ]
             ),
         )
-        if self.real_node:
-            self._start_real_node(ca, timeout)
-            return
-        self.supervisor.start(
-            "kwok",
-            [
-                str(self.bin / "kwok"),
-                f"--kubeconfig={self._client_kubeconfig('kwok', kwok)}",
-                f"--config={KWOK_STAGES}",
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                "--node-ip=10.0.0.1",
-                "--cidr=10.0.0.0/24",
-                f"--server-address=127.0.0.1:{free_port()}",
-            ],
-            env={"HOME": str(self.workdir)},
-        )
-        self._create_nodes()
-        self._wait_for(
-            lambda: self._nodes_ready() and self._default_sa(),
-            timeout,
-            "nodes Ready and the default ServiceAccount",
-        )
+        self._start_real_node(ca, timeout)
 
     def _start_real_node(self, ca: pki.CertificateAuthority, timeout: float) -> None:
-        assert self.network is not None
         self.node = RealNode(
             NodeContext(
                 workdir=self.workdir,
@@ -335,67 +279,11 @@ class LocalCluster(ClusterTools):
         self._wait_for(ready, timeout, "kube-apiserver /readyz")
 
     def _wait_for(self, cond: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def alive_and(cond: Any = cond) -> Any:
             self.supervisor.check_alive()
-            if cond():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"local cluster: {what} not reached in {timeout:.0f}s\n{self.logs()}")
+            return cond()
 
-    def _create_nodes(self) -> None:
-        if not self.nodes:
-            return
-        docs = []
-        for node in self.nodes:
-            capacity = {"cpu": "32", "memory": "256Gi", "pods": "110"}
-            if node["gpu"]:
-                capacity["nvidia.com/gpu"] = str(node["gpu"])
-            labels = {
-                "type": "kwok",
-                "kubernetes.io/hostname": node["name"],
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-            }
-            if node["gpu"]:
-                labels["nvidia.com/gpu.present"] = "true"
-            docs.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": node["name"],
-                        "labels": labels,
-                        "annotations": {
-                            "kwok.x-k8s.io/node": "fake",
-                            "node.alpha.kubernetes.io/ttl": "0",
-                        },
-                    },
-                    "spec": {},
-                    "status": {"capacity": capacity, "allocatable": capacity},
-                }
-            )
-        self.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
-        )
-
-    def _nodes_ready(self) -> bool:
-        out = self.kubectl("get", "nodes", "-o", "json", check=False)
-        if out.returncode != 0:
-            return False
-        items = json.loads(out.stdout)["items"]
-        ready = [
-            n
-            for n in items
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions", [])
-            )
-        ]
-        return len(ready) == len(self.nodes)
+        wait_for(alive_and, f"local cluster: {what}", timeout, self.logs, interval=0.2)
 
     def _default_sa(self) -> bool:
         return (

@@ -11,21 +11,42 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvrank.tools.processes import free_port
+
+__all__ = ["Component", "Supervisor", "alive", "free_port", "tail", "wait_for"]
+from typing import TypeVar
+
 PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
 
 
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def wait_for(
+    cond: Callable[[], T],
+    what: str,
+    timeout: float,
+    report: Callable[[], str] | None = None,
+    interval: float = 0.3,
+) -> T:
+    """Poll ``cond`` until it returns something truthy, and return that.
+
+    On timeout, fail with ``what`` and whatever ``report`` says (component logs, objects):
+    a wait that fails explains itself. Every wait in the test suites goes through here.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            details = f"\n{report()}" if report is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{details}")
+        time.sleep(interval)
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
@@ -97,7 +118,7 @@ def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             break
-        if proc is None and not _alive(pid):
+        if proc is None and not alive(pid):
             break
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
@@ -106,7 +127,8 @@ def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -
         proc.wait(timeout=5)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process with this id exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,25 +1,35 @@
-"""kubectl, helm and ServiceAccount kubeconfigs for any cluster backend.
+"""The interface of a test cluster: start/stop, logs, kubectl, helm, ServiceAccount
+kubeconfigs.
 
-A backend sets ``kubeconfig`` (the admin's), ``workdir``, and the two binaries; everything
-here is then the same for the local control plane and kind.
+A backend sets ``kubeconfig`` (the admin's), ``workdir``, and the two binaries, and
+implements ``start``, ``stop`` and ``logs``; everything else here is then the same for the
+local control plane and kind.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 
-class ClusterTools:
+class Cluster:
     kubeconfig: Path
     workdir: Path
     kubectl_bin: str = "kubectl"
     helm_bin: str = "helm"
+
+    def start(self, timeout: float = 300.0) -> Cluster:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def logs(self, lines: int = 30) -> str:
+        """The tail of every component's log (for failure reports)."""
+        raise NotImplementedError
 
     def kubectl(
         self,
@@ -28,7 +38,13 @@ class ClusterTools:
         check: bool = True,
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [self.kubectl_bin, f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        cmd = [
+            self.kubectl_bin,
+            f"--kubeconfig={kubeconfig or self.kubeconfig}",
+            # discovery cached with the cluster, not in ~/.kube (ports differ every run)
+            f"--cache-dir={self.workdir / 'kube-cache'}",
+            *args,
+        ]
         return _run(cmd, "kubectl", args, check, input=input, timeout=120)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -40,35 +56,6 @@ class ClusterTools:
             "HELM_DATA_HOME": str(self.workdir / "helm/data"),
         }
         return _run([self.helm_bin, *args], "helm", args, check, env=env, timeout=600)
-
-    def apply_chart_without_workloads(
-        self, chart: Path, release: str, namespace: str, *helm_args: str
-    ) -> list[dict[str, Any]]:
-        """``helm template`` ``chart`` and apply all but its Deployments (tests run those
-        themselves: as a process, or as a container); wait until its CRDs are Established.
-        Returns every rendered document, Deployments included."""
-        rendered = self.helm(
-            "template",
-            release,
-            str(chart),
-            "--namespace",
-            namespace,
-            "--include-crds",
-            *helm_args,
-        ).stdout
-        docs = [d for d in yaml.safe_load_all(rendered) if d]
-        rest = [d for d in docs if d["kind"] != "Deployment"]
-        self.kubectl("create", "namespace", namespace, check=False)
-        self.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rest}),
-        )
-        for crd in (d for d in docs if d["kind"] == "CustomResourceDefinition"):
-            name = crd["metadata"]["name"]
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
-        return docs
 
     def service_account_kubeconfig(self, namespace: str, name: str, duration_s: int = 3600) -> Path:
         """Mint a token for ``namespace/name`` (TokenRequest) and write a kubeconfig for it:

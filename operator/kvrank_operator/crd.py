@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvrank_operator.spec import CacheSpec, CanarySpec, ModelSpec, RankerSpec, RedisSpec, TTLSpec
+from kvrank_operator.spec import (
+    CacheSpec,
+    CanarySpec,
+    ModelSpec,
+    PodSettings,
+    RankerSpec,
+    RedisSpec,
+    TTLSpec,
+)
 
 GROUP = "kvrank.io"
 VERSION = "v1alpha1"
@@ -22,7 +30,31 @@ _NAME = {
     "pattern": r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$",
     "description": "A model version: lower-case DNS label characters, at most 42.",
 }
-_QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+QUANTITY_PATTERN = "^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
+"""Byte quantities the operator understands (``spec.parse_quantity``); ``2GB`` is not one."""
+_QUANTITY = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "x-kubernetes-validations": [
+        {
+            "rule": f"type(self) == string ? self.matches('{QUANTITY_PATTERN}') : self > 0",
+            "message": "must be a byte quantity such as 512Mi, 1Gi or 1073741824",
+        }
+    ],
+}
+_HTTP_URI = {
+    "rule": "!self.uri.contains('://') || self.uri.startsWith('http://')"
+    " || self.uri.startsWith('https://')",
+    "message": "only http(s):// URLs are fetched; other artifacts are a path in model.volume"
+    " or baked into the image",
+    "fieldPath": ".uri",
+    "reason": "FieldValueInvalid",
+}
+
+
+def _rule(rule: str, message: str, field: str) -> dict[str, str]:
+    """A cross-field check the API server runs at apply time, naming the field."""
+    return {"rule": rule, "message": message, "fieldPath": field, "reason": "FieldValueInvalid"}
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:
@@ -38,6 +70,55 @@ def _free(description: str) -> dict[str, Any]:
         "x-kubernetes-preserve-unknown-fields": True,
         "description": description,
     }
+
+
+_DNS_NAME = {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
+_OWN_LABELS = {
+    "rule": "self.all(k, !k.startsWith('app.kubernetes.io/') && !k.startsWith('kvrank.io/'))",
+    "message": "app.kubernetes.io/* and kvrank.io/* are the operator's own (selectors use them)",
+}
+_NON_ROOT = {"type": "integer", "minimum": 1, "maximum": 2147483647}
+POD = _obj(
+    {
+        "imagePullSecrets": {
+            "type": "array",
+            "items": _obj({"name": _DNS_NAME}, ["name"]),
+            "description": "Secrets with registry credentials for the ranker image.",
+        },
+        "serviceAccountName": _DNS_NAME,
+        "labels": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 63},
+            "x-kubernetes-validations": [_OWN_LABELS],
+        },
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "priorityClassName": _DNS_NAME,
+        "runtimeClassName": _DNS_NAME,
+        "securityContext": _obj(
+            {"runAsUser": _NON_ROOT, "runAsGroup": _NON_ROOT, "fsGroup": _NON_ROOT},
+            None,
+            description="Non-root ids only: the pods stay within Pod Security restricted.",
+        ),
+        "startupProbe": _obj(
+            {
+                "periodSeconds": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 60,
+                    "default": PodSettings.startup_period_seconds,
+                },
+                "failureThreshold": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 10000,
+                    "default": PodSettings.startup_failure_threshold,
+                },
+            },
+            None,
+            description="How long a pod may download, load and warm up before liveness.",
+        ),
+    }
+)
 
 
 MODEL = _obj(
@@ -62,8 +143,16 @@ MODEL = _obj(
         "affinity": _free("Pod affinity."),
         "env": {
             "type": "array",
-            "items": _obj({"name": {"type": "string"}, "value": {"type": "string"}}, ["name"]),
+            "items": _obj(
+                {
+                    "name": {"type": "string"},
+                    "value": {"type": "string"},
+                    "valueFrom": _free("secretKeyRef, configMapKeyRef or fieldRef."),
+                },
+                ["name"],
+            ),
         },
+        "pod": POD,
         "volume": _free(
             "Volume source with the model artifacts (e.g. persistentVolumeClaim), mounted"
             " read-only at /models; uri is then a path under /models."
@@ -76,6 +165,16 @@ MODEL = _obj(
         },
     },
     ["version", "uri"],
+    **{
+        "x-kubernetes-validations": [
+            _HTTP_URI,
+            _rule(
+                "!has(self.volume) || self.uri.startsWith('/models/')",
+                "must be a path under /models/ when model.volume is set (it is mounted there)",
+                ".uri",
+            ),
+        ]
+    },
 )
 
 CANARY = _obj(
@@ -86,6 +185,7 @@ CANARY = _obj(
         "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
     },
     ["version", "uri"],
+    **{"x-kubernetes-validations": [_HTTP_URI]},
 )
 
 REDIS = _obj(
@@ -100,8 +200,12 @@ REDIS = _obj(
         },
         "memory": {**_QUANTITY, "default": RedisSpec.memory},
         "image": {"type": "string", "default": RedisSpec.image},
+        "resources": _free("Container resources; default: memory requested and limited."),
+        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+        "tolerations": {"type": "array", "items": _free("A toleration.")},
+        "affinity": _free("Pod affinity; pods are spread over nodes by default."),
         "persistence": {"type": "boolean", "default": RedisSpec.persistence},
-        "url": {"type": "string", "pattern": r"^rediss?://[^\s]+$"},
+        "url": {"type": "string", "maxLength": 1024, "pattern": r"^rediss?://[^\s]+$"},
         "cluster": {"type": "boolean", "default": RedisSpec.cluster},
         "passwordSecretRef": _obj(
             {"name": {"type": "string"}, "key": {"type": "string"}}, ["name", "key"]
@@ -111,6 +215,21 @@ REDIS = _obj(
     None,
     **{
         "x-kubernetes-validations": [
+            _rule(
+                "self.mode != 'external' || has(self.url)",
+                "is required when cache.redis.mode is external",
+                ".url",
+            ),
+            _rule(
+                "self.mode != 'managed' || !has(self.url)",
+                "must be empty when cache.redis.mode is managed (the operator runs that Redis)",
+                ".url",
+            ),
+            _rule(
+                "!self.tls || !has(self.url) || self.url.startsWith('rediss://')",
+                "must use rediss:// when cache.redis.tls is true",
+                ".url",
+            ),
             {
                 # a managed cluster's topology is fixed once formed: the bootstrap Job forms
                 # it once, and slots are not migrated online
@@ -123,7 +242,7 @@ REDIS = _obj(
                 " starts empty)",
                 "fieldPath": ".shards",
                 "reason": "FieldValueForbidden",
-            }
+            },
         ]
     },
 )
@@ -172,7 +291,8 @@ TTL = _obj(
                     "default": TTLSpec.source,
                 },
                 "prometheus": _obj(
-                    {"url": {"type": "string", "pattern": r"^https?://[^\s]+$"}}, ["url"]
+                    {"url": {"type": "string", "pattern": r"^https?://[^\s]+$", "maxLength": 1024}},
+                    ["url"],
                 ),
             }
         ),
@@ -182,12 +302,41 @@ TTL = _obj(
             "maximum": 3600,
             "default": TTLSpec.interval_seconds,
         },
-    }
+    },
+    None,
+    **{
+        "x-kubernetes-validations": [
+            _rule(
+                "self.mode != 'fixed' || has(self.fixedSeconds)",
+                "is required when ttl.mode is fixed",
+                ".fixedSeconds",
+            ),
+            _rule(
+                "self.minSeconds <= self.maxSeconds",
+                "must not exceed ttl.maxSeconds",
+                ".minSeconds",
+            ),
+            _rule(
+                "!has(self.source) || self.source.type != 'prometheus'"
+                " || has(self.source.prometheus)",
+                "is required when ttl.source.type is prometheus",
+                ".source.prometheus",
+            ),
+        ]
+    },
 )
 
 SERVICE = _obj(
     {
-        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": RankerSpec.port},
+        "port": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 65535,
+            "default": RankerSpec.port,
+            "x-kubernetes-validations": [
+                {"rule": "self != 8081", "message": "8081 is the rankers' admin port"}
+            ],
+        },
         "type": {
             "type": "string",
             "enum": ["ClusterIP", "NodePort", "LoadBalancer"],
@@ -197,7 +346,17 @@ SERVICE = _obj(
 )
 
 SPEC = _obj(
-    {"model": MODEL, "canary": CANARY, "cache": CACHE, "ttl": TTL, "service": SERVICE}, ["model"]
+    {"model": MODEL, "canary": CANARY, "cache": CACHE, "ttl": TTL, "service": SERVICE},
+    ["model"],
+    **{
+        "x-kubernetes-validations": [
+            _rule(
+                "!has(self.canary) || self.canary.version != self.model.version",
+                "must differ from model.version: a canary runs another model version",
+                ".canary.version",
+            )
+        ]
+    },
 )
 
 STATUS = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

@@ -20,6 +20,27 @@ MODELS_MOUNT = "/models"
 
 
 @dataclass(frozen=True)
+class PodSettings:
+    """What platforms set on every ranker pod: registry credentials, identity, policy labels,
+    scheduling priority and runtime, the user the image runs as, how long it may start."""
+
+    image_pull_secrets: list[str] = field(default_factory=list)
+    service_account_name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None
+    run_as_user: int | None = None
+    """Overrides the image's user; the CRD admits only non-root ids (Pod Security
+    ``restricted`` stays satisfied)."""
+    run_as_group: int | None = None
+    fs_group: int | None = None
+    startup_period_seconds: int = 5
+    startup_failure_threshold: int = 120
+    """period × threshold: 10 minutes to download, load and warm up a model."""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     version: str
     uri: str
@@ -34,6 +55,7 @@ class ModelSpec:
     """A Kubernetes volume source holding the artifacts, mounted read-only at /models."""
     external_replicas: bool = False
     """An autoscaler owns the Deployments' replicas: the operator never sets them."""
+    pod: PodSettings = field(default_factory=PodSettings)
 
 
 @dataclass(frozen=True)
@@ -51,6 +73,11 @@ class RedisSpec:
     replicas_per_shard: int = 1
     memory: str = "1Gi"
     image: str = "redis:7.2"
+    resources: dict[str, Any] = field(default_factory=dict)
+    """Empty: memory requested and limited to ``memory`` (the data set's ceiling)."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
     persistence: bool = False
     url: str | None = None
     cluster: bool = False
@@ -123,6 +150,28 @@ class RankerSpec:
         )
 
 
+_UNITS = {  # binary suffixes first: "Mi" must not be read as "M"
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def parse_quantity(quantity: str | int) -> int:
+    """Bytes in a Kubernetes-style quantity (``512Mi``, ``1.5Gi``, ``1073741824``); the
+    CRD admits only these forms. ``ValueError`` for anything else (``2GB``)."""
+    text = str(quantity)
+    for suffix, mult in _UNITS.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * mult)
+    return int(text)
+
+
 def namespace_for(version: str) -> str:
     """The cache namespace of a model version (one per version, never shared)."""
     return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
@@ -142,6 +191,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         env=m.get("env") or [],
         volume=m.get("volume") or {},
         external_replicas=bool(m.get("externalReplicas", ModelSpec.external_replicas)),
+        pod=_pod(m.get("pod") or {}),
     )
     for fld, uri in (
         ("model.uri", model.uri),
@@ -187,6 +237,28 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
     )
 
 
+def _pod(p: dict[str, Any]) -> PodSettings:
+    security = p.get("securityContext") or {}
+    startup = p.get("startupProbe") or {}
+    return PodSettings(
+        image_pull_secrets=[s["name"] for s in p.get("imagePullSecrets") or []],
+        service_account_name=p.get("serviceAccountName"),
+        labels=dict(p.get("labels") or {}),
+        annotations=dict(p.get("annotations") or {}),
+        priority_class_name=p.get("priorityClassName"),
+        runtime_class_name=p.get("runtimeClassName"),
+        run_as_user=security.get("runAsUser"),
+        run_as_group=security.get("runAsGroup"),
+        fs_group=security.get("fsGroup"),
+        startup_period_seconds=int(
+            startup.get("periodSeconds", PodSettings.startup_period_seconds)
+        ),
+        startup_failure_threshold=int(
+            startup.get("failureThreshold", PodSettings.startup_failure_threshold)
+        ),
+    )
+
+
 def _cache(c: dict[str, Any]) -> CacheSpec:
     r = c.get("redis") or {}
     mode = r.get("mode", RedisSpec.mode)
@@ -197,12 +269,23 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
         replicas_per_shard=int(r.get("replicasPerShard", RedisSpec.replicas_per_shard)),
         memory=str(r.get("memory", RedisSpec.memory)),
         image=r.get("image", RedisSpec.image),
+        resources=r.get("resources") or {},
+        node_selector=r.get("nodeSelector") or {},
+        tolerations=r.get("tolerations") or [],
+        affinity=r.get("affinity") or {},
         persistence=bool(r.get("persistence", RedisSpec.persistence)),
         url=r.get("url"),
         cluster=bool(r.get("cluster", RedisSpec.cluster)),
         password_secret=(secret["name"], secret["key"]) if secret else None,
         tls=bool(r.get("tls", RedisSpec.tls)),
     )
+    try:
+        if parse_quantity(redis.memory) <= 0:
+            raise ValueError("not positive")
+    except ValueError:
+        raise SpecError(
+            "cache.redis.memory", f"{redis.memory!r} is not a byte quantity such as 512Mi or 1Gi"
+        ) from None
     if mode == "external" and not redis.url:
         raise SpecError("cache.redis.url", "is required when cache.redis.mode is external")
     if mode == "managed" and redis.url:

@@ -7,6 +7,8 @@ scrapes or a Prometheus query) lives in ``sources``.
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvrank_operator.spec import TTLSpec
 
 HYSTERESIS = 0.10
@@ -18,13 +20,12 @@ HIT_RATIO_METRIC = "kvrank_cache_hit_ratio"
 def parse_gauge(text: str, name: str, positive: bool = False) -> list[float]:
     """Every sample of gauge ``name`` in Prometheus text exposition (one per pod and label
     set); ``positive`` drops zeros, which rankers export for "not measured yet"."""
-    values = []
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            value = float(line.rsplit(" ", 1)[1])
-            if value > 0 or not positive:
-                values.append(value)
-    return values
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and (sample.value > 0 or not positive)
+    ]
 
 
 def parse_interval_means(text: str) -> list[float]:

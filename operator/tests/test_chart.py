@@ -67,14 +67,40 @@ def test_schema_rejects_unknown_values() -> None:
     assert out.returncode != 0 and "surprise" in out.stderr
 
 
+def _rules(doc: dict) -> dict[tuple[tuple[str, ...], tuple[str, ...]], set[str]]:
+    return {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in doc["rules"]}
+
+
 def test_rbac_is_least_privilege() -> None:
     role = next(d for d in render() if d["kind"] == "ClusterRole")
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    rules = _rules(role)
     assert rules[(("kvrank.io",), ("rankerdeployments",))] == {"get", "list", "watch", "patch"}
-    assert rules[(("",), ("pods",))] == {"get", "list"}
+    assert rules[(("",), ("pods",))] == {"list"}
+    assert rules[(("",), ("secrets",))] == {"get", "create", "patch"}  # never list or watch
+    assert rules[(("",), ("configmaps",))] == {"create", "patch"}
     everything = {v for verbs in rules.values() for v in verbs}
     assert "*" not in everything and "escalate" not in everything and "bind" not in everything
     assert all("*" not in r["resources"] for r in role["rules"])
+
+
+def test_watched_namespaces_get_roles_not_cluster_wide_rights() -> None:
+    docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert _rules(cluster_role) == {
+        (("apiextensions.k8s.io",), ("customresourcedefinitions",)): {"get", "list", "watch"}
+    }
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"ranking", "ranking-canary"}
+    cluster_wide = _rules(next(d for d in render() if d["kind"] == "ClusterRole"))
+    for ns, role in roles.items():
+        assert _rules(role) == {
+            k: v
+            for k, v in cluster_wide.items()
+            if k[1] not in (("customresourcedefinitions",), ("namespaces",))
+        }, ns
+        (subject,) = bindings[ns]["subjects"]
+        assert subject["namespace"] == "kvrank-system" and bindings[ns]["roleRef"]["kind"] == "Role"
 
 
 def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:

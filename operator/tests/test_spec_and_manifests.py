@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
+from spec_fragments import POD_KNOBS, SECRET_REF
 
 from kvrank_operator import manifests as m
 from kvrank_operator.errors import SpecError
@@ -209,3 +211,98 @@ def test_url_artifacts_get_a_writable_download_cache() -> None:
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     with pytest.raises(SpecError, match=r"spec\.model\.uri.*'gs'"):
         parse_spec({"model": {"version": "v1", "uri": "gs://bucket/v1"}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"cache": {"redis": {"memory": "2GB"}}}, "spec.cache.redis.memory"),
+        ({"canary": {"version": "v1", "uri": "/m"}}, "spec.canary.version"),
+    ],
+)
+def test_a_spec_past_the_schema_is_degraded_without_an_api_call(spec: dict, field: str) -> None:
+    """The operator's own checks are the second line (a CRD from an older chart, a dry
+    run): the reconcile ends in a Degraded condition naming the field, never an exception
+    retried forever, and nothing is written or deleted."""
+    import datetime as dt
+
+    from kvrank_operator.reconcile import reconcile
+
+    class NoAPI:
+        def __getattr__(self, name: str) -> None:
+            raise AssertionError(f"{name} called for an invalid spec")
+
+    body = {
+        "metadata": {"name": "feed", "namespace": "prod", "uid": "u1", "generation": 4},
+        "spec": {"model": {"version": "v1", "uri": "/models/v1"}, **spec},
+    }
+    out = reconcile(NoAPI(), body, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    degraded = next(c for c in out.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert field in degraded["message"] and degraded["observedGeneration"] == 4
+    assert [e[1] for e in out.events] == ["InvalidSpec"]
+
+
+def test_platform_knobs_reach_every_ranker_pod() -> None:
+    spec = parse_spec(
+        {
+            "model": {
+                "version": "v1",
+                "uri": "/models/v1",
+                "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": SECRET_REF}}],
+                "pod": POD_KNOBS,
+            }
+        }
+    )
+    dep = m.deployment(spec, "feed", "prod", "v1", "/models/v1", 2, "stable")
+    meta, pod = dep["spec"]["template"]["metadata"], dep["spec"]["template"]["spec"]
+    assert meta["labels"]["team"] == "feed" and meta["labels"]["kvrank.io/version"] == "v1"
+    assert dep["spec"]["selector"]["matchLabels"].items() <= meta["labels"].items()
+    assert meta["annotations"]["policy.example.com/profile"] == "gpu"
+    assert meta["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert pod["serviceAccountName"] == "ranker-sa"
+    assert (pod["priorityClassName"], pod["runtimeClassName"]) == ("serving-high", "nvidia")
+    ctx = pod["securityContext"]
+    assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (20001, 20002, 20003)
+    assert ctx["runAsNonRoot"] is True and ctx["seccompProfile"]["type"] == "RuntimeDefault"
+    (c,) = pod["containers"]
+    assert (c["startupProbe"]["periodSeconds"], c["startupProbe"]["failureThreshold"]) == (10, 90)
+    token = next(e for e in c["env"] if e["name"] == "TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == SECRET_REF
+    plain = m.deployment(parse_spec(example("basic.yaml")), "feed", "prod", "v1", "/m", 2, "stable")
+    plain_pod = plain["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in plain_pod and "imagePullSecrets" not in plain_pod
+
+
+def test_managed_redis_spreads_over_nodes_and_takes_scheduling_knobs() -> None:
+    doc = example("basic.yaml")
+    doc["cache"]["redis"].update(
+        resources={"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        nodeSelector={"pool": "cache"},
+        tolerations=[{"key": "cache", "operator": "Exists", "effect": "NoSchedule"}],
+    )
+    objs = {o["kind"]: o for o in m.managed_redis(parse_spec(doc), "feed", "prod", "pw")}
+    pod = objs["StatefulSet"]["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["nodeSelector"] == {"pool": "cache"} and pod["tolerations"][0]["key"] == "cache"
+    assert "affinity" not in pod
+    assert pod["containers"][0]["resources"]["requests"]["cpu"] == "500m"
+    basic = parse_spec(example("basic.yaml"))
+    default = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", "x")}
+    limits = default["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert limits["limits"]["memory"] == limits["requests"]["memory"]
+
+
+def test_the_redis_password_is_on_no_command_line() -> None:
+    basic = parse_spec(example("basic.yaml"))
+    objs = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", "pw")}
+    sts_pod = objs["StatefulSet"]["spec"]["template"]["spec"]
+    job_pod = objs["Job"]["spec"]["template"]["spec"]
+    for container in (*sts_pod["containers"], *job_pod["containers"]):
+        text = json.dumps({k: container.get(k) for k in ("command", "args", "readinessProbe")})
+        assert "--requirepass" not in text and "-a " not in text, text
+    auth = next(v for v in sts_pod["volumes"] if v["name"] == "auth")
+    assert auth["emptyDir"]["medium"] == "Memory"  # the password file never touches a disk
+    assert "include /run/redis-auth/auth.conf" in objs["ConfigMap"]["data"]["redis.conf"]

@@ -20,8 +20,8 @@ app = typer.Typer(
 cache_app = typer.Typer(help="Cache administration (purge a namespace, invalidate a user).")
 app.add_typer(cache_app, name="cache")
 
-PROFILES = ("quick", "seed")
-TRAIN_PROFILES = ("quick", "seed", "seed-compact")
+PROFILES = ("quick", "production")
+TRAIN_PROFILES = ("quick", "production", "production-compact")
 
 
 @app.command()
@@ -30,7 +30,10 @@ def train(
         "artifacts/quick"
     ),
     profile: Annotated[
-        str, typer.Option(help="Model size: quick, seed, or seed-compact (pyramid + 2 layers).")
+        str,
+        typer.Option(
+            help="Model size: quick, production, or production-compact (pyramid + 2 layers).",
+        ),
     ] = "quick",
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 300,
     version: Annotated[str, typer.Option(help="Model version string.")] = "v1",
@@ -51,7 +54,9 @@ def train(
 
 @app.command()
 def bench(
-    profile: Annotated[str, typer.Option(help="quick (seconds) or seed (brief sizes).")] = "quick",
+    profile: Annotated[
+        str, typer.Option(help="quick (seconds) or production (L=6, d=256, 1,500-event histories).")
+    ] = "quick",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     candidates: Annotated[
         str | None, typer.Option(help="Comma-separated candidate counts, e.g. 50,100,200.")

@@ -33,3 +33,47 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* What the operator does inside a namespace it manages: exactly the verbs its code uses.
+Owned objects are applied server-side (create + patch) and removed by garbage collection;
+only old versions' Deployments and Services are deleted by the operator itself. Secrets:
+the generated Redis password is read and created, never listed or watched. */}}
+{{- define "kvrank-operator.namespacedRules" -}}
+- apiGroups: [kvrank.io]
+  resources: [rankerdeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [kvrank.io]
+  resources: [rankerdeployments/status]
+  verbs: [get, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, create, patch, delete]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [create, patch, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
+# ranker pods: which versions still serve, and their /metrics (TTL source "pods")
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}

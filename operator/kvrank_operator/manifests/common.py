@@ -13,9 +13,8 @@ CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
 PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
 MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
-STARTUP_BUDGET_S = 600
-"""How long a ranker may take to download, load and warm up its model before the kubelet's
-liveness probe may kill it (a startupProbe holds liveness off until then)."""
+ADMIN_PORT = 8081
+"""The rankers' /admin/* port: on the pods only, never behind the scoring Service."""
 BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
 PURGE_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
 """``kvrank cache purge`` runs from the ranker image and loads torch with the cache code

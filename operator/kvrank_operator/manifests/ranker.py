@@ -10,12 +10,12 @@ from typing import Any
 import yaml
 
 from kvrank_operator.manifests.common import (
+    ADMIN_PORT,
     CONFIG_FILE,
     CONFIG_MOUNT,
     MODEL_CACHE_MOUNT,
     PASSWORD_FILE,
     PURGE_RESOURCES,
-    STARTUP_BUDGET_S,
     deployment_name,
     labels,
     password_secret,
@@ -89,8 +89,9 @@ def deployment(
             },
             "template": {
                 "metadata": {
-                    "labels": sel,
+                    "labels": {**spec.model.pod.labels, **sel},
                     "annotations": {
+                        **spec.model.pod.annotations,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(spec.port),
                     },
@@ -104,8 +105,14 @@ def deployment(
 def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[str, Any]:
     """The pod of one version: spread over nodes, the user's scheduling knobs applied."""
     volumes, mounts = _volumes(spec, instance)
+    knobs = spec.model.pod
+    security = restricted_pod(knobs.run_as_user or RANKER_UID, fs_group=RANKER_UID)
+    if knobs.run_as_group is not None:
+        security["runAsGroup"] = knobs.run_as_group
+    if knobs.fs_group is not None:
+        security["fsGroup"] = knobs.fs_group
     pod: dict[str, Any] = {
-        "securityContext": restricted_pod(RANKER_UID, fs_group=RANKER_UID),
+        "securityContext": security,
         "containers": [_container(spec, _env(spec, version, uri), mounts)],
         "volumes": volumes,
         "topologySpreadConstraints": [
@@ -122,6 +129,10 @@ def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[
         ("nodeSelector", spec.model.node_selector),
         ("tolerations", spec.model.tolerations),
         ("affinity", spec.model.affinity),
+        ("imagePullSecrets", [{"name": n} for n in knobs.image_pull_secrets]),
+        ("serviceAccountName", knobs.service_account_name),
+        ("priorityClassName", knobs.priority_class_name),
+        ("runtimeClassName", knobs.runtime_class_name),
     ):
         if value:
             pod[key] = value
@@ -138,6 +149,7 @@ def _env(spec: RankerSpec, version: str, uri: str) -> list[dict[str, Any]]:
         {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},
         {"name": "KVRANK_PORT", "value": str(spec.port)},
+        {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
         *spec.model.env,
     ]
 
@@ -173,15 +185,18 @@ def _container(
         "name": "ranker",
         "image": spec.model.image,
         "args": ["serve"],
-        "ports": [{"name": "http", "containerPort": spec.port}],
+        "ports": [
+            {"name": "http", "containerPort": spec.port},
+            {"name": "admin", "containerPort": ADMIN_PORT},
+        ],
         "env": env,
         "resources": spec.model.resources,
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         # download + load + warm-up may take minutes; liveness starts after it
         "startupProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": STARTUP_BUDGET_S // 5,
+            "periodSeconds": spec.model.pod.startup_period_seconds,
+            "failureThreshold": spec.model.pod.startup_failure_threshold,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},

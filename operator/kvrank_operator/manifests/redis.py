@@ -14,10 +14,20 @@ from kvrank_operator.manifests.common import (
     restricted_container,
     restricted_pod,
 )
-from kvrank_operator.spec import RankerSpec, RedisSpec
+from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
 
 REDIS_UID = 999
 """The redis image's numeric user (Debian's redis package)."""
+AUTH_DIR = "/run/redis-auth"
+"""A memory-backed emptyDir where the password becomes a config file redis-server includes:
+never on a command line (``/proc/*/cmdline`` is world-readable on the node), never on disk."""
+START_REDIS = (
+    "umask 077\n"
+    f'printf \'requirepass "%s"\\nmasterauth "%s"\\n\' "$REDIS_PASSWORD" "$REDIS_PASSWORD"'
+    f" > {AUTH_DIR}/auth.conf\n"
+    "exec redis-server /conf/redis.conf\n"
+)
+"""The password is written by the shell's builtin ``printf``: no process sees it in argv."""
 
 
 def bootstrap_script(replicas_per_shard: int) -> str:
@@ -26,23 +36,24 @@ def bootstrap_script(replicas_per_shard: int) -> str:
     over a node that holds data, then ``redis-cli --cluster create`` and waits until every
     node reports ``cluster_state:ok`` (the Job's success means the cluster is usable)."""
     return (
-        'set -eu\nA="-a $REDIS_PASSWORD --no-auth-warning"\n'
-        'for h in $NODES; do until redis-cli $A -h "${h%:*}" -p "${h##*:}" ping; do sleep 2;'
+        # redis-cli reads the password from REDISCLI_AUTH: it never shows in a process list
+        'set -eu\nexport REDISCLI_AUTH="$REDIS_PASSWORD"\n'
+        'for h in $NODES; do until redis-cli -h "${h%:*}" -p "${h##*:}" ping; do sleep 2;'
         " done; done\n"
         'first="${NODES%% *}"\n'
-        'if redis-cli $A -h "${first%:*}" -p "${first##*:}" cluster info'
+        'if redis-cli -h "${first%:*}" -p "${first##*:}" cluster info'
         ' | grep -q "cluster_slots_assigned:16384"; then\n'
         '  echo "cluster already formed: nothing to do"; exit 0; fi\n'
         "for h in $NODES; do\n"
-        '  keys=$(redis-cli $A -h "${h%:*}" -p "${h##*:}" dbsize)\n'
+        '  keys=$(redis-cli -h "${h%:*}" -p "${h##*:}" dbsize)\n'
         '  if [ "$keys" != "0" ]; then\n'
         '    echo "node $h holds $keys keys: refusing to re-create"; exit 1; fi\n'
         "done\n"
-        f"redis-cli $A --cluster create $NODES --cluster-replicas {replicas_per_shard}"
+        f"redis-cli --cluster create $NODES --cluster-replicas {replicas_per_shard}"
         " --cluster-yes\n"
         # done means usable: every node has agreed on the new configuration
         "for h in $NODES; do\n"
-        '  until redis-cli $A -h "${h%:*}" -p "${h##*:}" cluster info'
+        '  until redis-cli -h "${h%:*}" -p "${h##*:}" cluster info'
         ' | grep -q "cluster_state:ok"; do sleep 1; done; done\n'
         'echo "cluster formed"\n'
     )
@@ -115,10 +126,11 @@ def _nodes(r: RedisSpec) -> int:
 
 def _redis_conf(r: RedisSpec) -> str:
     return (
+        f"include {AUTH_DIR}/auth.conf\n"
         "cluster-enabled yes\ncluster-config-file /data/nodes.conf\n"
         "cluster-node-timeout 5000\nappendonly "
         + ("yes" if r.persistence else "no")
-        + f"\nmaxmemory {_bytes(r.memory) * 9 // 10}\nmaxmemory-policy allkeys-lru\n"
+        + f"\nmaxmemory {parse_quantity(r.memory) * 9 // 10}\nmaxmemory-policy allkeys-lru\n"
     )
 
 
@@ -139,8 +151,19 @@ def _sts(r: RedisSpec, name: str, rl: dict[str, str]) -> dict[str, Any]:
             "spec": {
                 "securityContext": restricted_pod(REDIS_UID, fs_group=REDIS_UID),
                 "containers": [_redis_container(r, name)],
+                # a shard and its replica on one node would fail together
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": rl},
+                    }
+                ],
+                **{k: v for k, v in _scheduling(r).items() if v},
                 "volumes": [
                     {"name": "conf", "configMap": {"name": f"{name}-conf"}},
+                    {"name": "auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
                     *([] if r.persistence else [{"name": "data", "emptyDir": {}}]),
                 ],
             },
@@ -152,26 +175,27 @@ def _sts(r: RedisSpec, name: str, rl: dict[str, str]) -> dict[str, Any]:
     return sts
 
 
+def _scheduling(r: RedisSpec) -> dict[str, Any]:
+    return {"nodeSelector": r.node_selector, "tolerations": r.tolerations, "affinity": r.affinity}
+
+
 def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
-    ping = 'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning ping'
+    ping = 'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli ping'
     return {
         "name": "redis",
         "image": r.image,
-        "command": [
-            "sh",
-            "-c",
-            "exec redis-server /conf/redis.conf"
-            ' --requirepass "$REDIS_PASSWORD" --masterauth "$REDIS_PASSWORD"',
-        ],
+        "command": ["sh", "-c", START_REDIS],
         "env": _auth_env(name),
         "ports": [
             {"name": "redis", "containerPort": REDIS_PORT},
             {"name": "bus", "containerPort": REDIS_PORT + 10000},
         ],
-        "resources": {"requests": {"memory": r.memory}, "limits": {"memory": r.memory}},
+        "resources": r.resources
+        or {"requests": {"memory": r.memory}, "limits": {"memory": r.memory}},
         "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5},
         "volumeMounts": [
             {"name": "conf", "mountPath": "/conf"},
+            {"name": "auth", "mountPath": AUTH_DIR},
             {"name": "data", "mountPath": "/data"},
         ],
         "securityContext": restricted_container(),
@@ -232,11 +256,3 @@ def _network_policy(instance: str, rl: dict[str, str]) -> dict[str, Any]:
         "policyTypes": ["Ingress"],
         "ingress": [{"from": peers, "ports": [{"port": REDIS_PORT}, {"port": REDIS_PORT + 10000}]}],
     }
-
-
-def _bytes(quantity: str) -> int:
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
-    for suffix, mult in units.items():
-        if quantity.endswith(suffix):
-            return int(float(quantity[: -len(suffix)]) * mult)
-    return int(quantity)

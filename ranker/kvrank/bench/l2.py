@@ -1,7 +1,7 @@
 """L2 round trip of one entry: encode, write, read and decode a ``UserKV`` through Redis.
 
 Measures the wall time a pod pays to share K/V through Redis, for the entry sizes that
-matter (the seed model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB).
+matter (the production-size model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from kvrank.bench import flops
 from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
-from kvrank.model.config import QUICK, SEED, SEED_COMPACT, ModelConfig
+from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConfig
 from kvrank.model.inputs import Events
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
@@ -60,14 +60,14 @@ PROFILES = {
         eval_users=150,
         compact=QUICK.model_copy(update={"pyramid": (64, 16), "candidate_layers": 1}),
     ),
-    "seed": Profile(
-        SEED,
+    "production": Profile(
+        PRODUCTION,
         (50, 100, 200),
         reps=10,
         slow_reps=1,
         train_steps=0,
         eval_users=60,
-        compact=SEED_COMPACT,
+        compact=PRODUCTION_COMPACT,
     ),
 }
 

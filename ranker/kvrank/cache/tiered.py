@@ -67,7 +67,7 @@ class Lookup:
 
 
 LOCK_WAIT_S = 0.010
-"""Bound on waiting for another pod's encode: about one encode of the seed-size model on a
+"""Bound on waiting for another pod's encode: about one encode of the production-size model on a
 GPU; a slow peer must never stall a request for longer."""
 
 

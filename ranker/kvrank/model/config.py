@@ -104,7 +104,7 @@ class ModelConfig(BaseModel):
 QUICK = ModelConfig()
 """Small config for CPU tests, the quick benchmark and ``kvrank train``."""
 
-SEED = ModelConfig(
+PRODUCTION = ModelConfig(
     d_model=256,
     n_heads=4,
     n_layers=6,
@@ -115,10 +115,11 @@ SEED = ModelConfig(
     item_buckets=200_000,
     emb_dim=64,
 )
-"""The brief's seed size (OneTrans_S-like): L=6, d=256, 4 heads, 1500 user tokens."""
+"""The size of a production ranking model (OneTrans-S class): 6 layers of width 256, 4 heads,
+histories of up to 1,500 events — what the benchmarks' ``production`` profile measures."""
 
-SEED_COMPACT = SEED.model_copy(
+PRODUCTION_COMPACT = PRODUCTION.model_copy(
     update={"pyramid": (1024, 512, 256, 128, 64, 16), "candidate_layers": 2}
 )
-"""Seed size with the memory-saving choices: a pyramid schedule and candidates in the top
+"""Production size with the memory-saving choices: a pyramid schedule and candidates in the top
 2 layers only (the cache then holds 2 layers' K/V, of at most 64 user rows)."""

@@ -161,6 +161,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if not _on_its_port(request, cfg):
+            return _error(404, None, "not found", request)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
             return _error(
@@ -235,6 +237,16 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         return doc
 
     return app
+
+
+def _on_its_port(request: Request, cfg: ServerConfig) -> bool:
+    """With an admin port, /admin/* answers there only and everything else only on the main
+    port: the scoring Service (main port) cannot reach admin actions."""
+    if cfg.admin_port is None:
+        return True
+    server = request.scope.get("server") or (None, None)
+    admin = request.url.path.startswith("/admin/")
+    return server[1] == (cfg.admin_port if admin else cfg.port)
 
 
 def _service(state: AppState) -> RankingService:

@@ -28,7 +28,7 @@ from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
 
 ENV_PREFIX = "KVRANK_"
 L1_BYTES_DEFAULT = 512 * 2**20
-"""Half a GiB of device memory: room for ~58 bf16 entries of the seed-size model (9.2 MB)."""
+"""Half a GiB of device memory: room for ~58 bf16 entries of the production-size model (9.2 MB)."""
 
 
 class RedisConfig(BaseModel):
@@ -89,6 +89,13 @@ class ServerConfig(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    admin_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Set: /admin/* is served on this port only (keep it out of the scoring"
+        " Service), everything else on `port` only. Unset: all on `port` (local use).",
+    )
     config_file: str | None = None
 
     @classmethod

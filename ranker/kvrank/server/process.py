@@ -11,6 +11,7 @@ shutdown_grace_s`` stays below the pod's ``terminationGracePeriodSeconds`` (30 s
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from types import FrameType
 
@@ -43,6 +44,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(cfg: ServerConfig) -> None:
+    """One server, one app; a second listening socket when admin endpoints have their own
+    port (the app tells the two apart by the port a request arrived on)."""
     app = create_app(cfg)
     config = uvicorn.Config(
         app,
@@ -51,4 +54,6 @@ def serve(cfg: ServerConfig) -> None:
         log_level="warning",
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
     )
-    DrainingServer(config, app, cfg.drain_delay_s).run()
+    ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
+    sockets = [socket.create_server((cfg.host, p)) for p in ports]
+    DrainingServer(config, app, cfg.drain_delay_s).run(sockets=sockets)

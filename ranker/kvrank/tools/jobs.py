@@ -17,15 +17,15 @@ from rich.table import Table
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import save_model
-from kvrank.model.config import QUICK, SEED, SEED_COMPACT, ModelConfig
+from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.train import TrainSettings, evaluate, held_out, train
 
 console = Console()
 PROFILE_CONFIGS: dict[str, ModelConfig] = {
     "quick": QUICK,
-    "seed": SEED,
-    "seed-compact": SEED_COMPACT,
+    "production": PRODUCTION,
+    "production-compact": PRODUCTION_COMPACT,
 }
 
 

@@ -4,7 +4,6 @@ real `kvrank serve` processes."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,14 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
 from kvrank.model.inputs import Candidates, UserFeatures
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
+from kvrank.tools.processes import free_port
 from kvrank.tools.workload import request_body
 
 SERVER_CFG = ModelConfig(
@@ -71,19 +72,13 @@ def make_client(artifact) -> Iterator[Callable[..., TestClient]]:
         c.__exit__(None, None, None)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     """A real `kvrank serve` process on loopback."""
 
     def __init__(
         self, artifact: Path, workdir: Path, *args: str, env: dict[str, str] | None = None
     ):
-        self.port = _port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"serve-{self.port}.log"
         cmd = [
@@ -111,12 +106,14 @@ class ServerProcess:
         raise AssertionError(f"server did not become ready: {self.log.read_text()[-3000:]}")
 
     def metric(self, name: str, **labels: str) -> float:
+        """The sum of every sample called ``name`` that carries ``labels``."""
         text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -253,3 +253,21 @@ def test_a_pod_refuses_an_artifact_of_another_version(make_client) -> None:
     assert make_client(model_version="v1").get("/readyz").status_code == 200
     with pytest.raises(ArtifactError, match=r"model version 'v1', expected model_version='v2'"):
         make_client(model_version="v2")
+
+
+def test_admin_endpoints_answer_only_on_the_admin_port(spawn_server, request_for) -> None:
+    import httpx
+
+    from kvrank.tools.processes import free_port
+
+    admin_port = free_port()
+    pod = spawn_server(env={"KVRANK_ADMIN_PORT": str(admin_port)})
+    admin = f"http://127.0.0.1:{admin_port}"
+    _, _, req = request_for(user_id="alice")
+    assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    # what the scoring Service reaches (the main port) cannot invalidate or read config
+    assert httpx.post(f"{pod.url}/admin/invalidate/alice", timeout=10).status_code == 404
+    assert httpx.get(f"{pod.url}/admin/config", timeout=10).status_code == 404
+    assert httpx.post(f"{admin}/admin/invalidate/alice", timeout=10).json()["removed"] == 1
+    assert httpx.get(f"{admin}/admin/config", timeout=10).json()["admin_port"] == admin_port
+    assert httpx.post(f"{admin}/v1/score", json=req, timeout=10).status_code == 404

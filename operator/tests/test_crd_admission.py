@@ -1,0 +1,144 @@
+"""Every invalid RankerDeployment is refused by the API server at ``kubectl apply``, with a
+message naming the field — the operator never sees it. Server-side dry runs against the
+session's cluster with the CRD this tree generates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from spec_fragments import POD_KNOBS
+
+from kvrank_operator.crd import crd
+
+pytestmark = pytest.mark.kube
+
+VALID: dict[str, Any] = {"model": {"version": "v1", "uri": "/models/v1"}}
+
+
+@pytest.fixture(scope="module")
+def admit(cluster):
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd())
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/rankerdeployments.kvrank.io"
+    )
+
+    def admit(spec: dict[str, Any]) -> tuple[bool, str]:
+        doc = {
+            "apiVersion": "kvrank.io/v1alpha1",
+            "kind": "RankerDeployment",
+            "metadata": {"name": "admission", "namespace": "default"},
+            "spec": spec,
+        }
+        out = cluster.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
+        )
+        return out.returncode == 0, out.stderr
+
+    return admit
+
+
+def with_(patch: dict[str, Any]) -> dict[str, Any]:
+    return {**VALID, **patch}
+
+
+INVALID = [
+    (
+        "canary equal to stable",
+        with_({"canary": {"version": "v1", "uri": "/m"}}),
+        "spec.canary.version",
+    ),
+    (
+        "canary weight over 100",
+        with_({"canary": {"version": "v2", "uri": "/m", "weight": 150}}),
+        "spec.canary.weight",
+    ),
+    (
+        "a version that is no label",
+        {"model": {"version": "V1_beta", "uri": "/m"}},
+        "spec.model.version",
+    ),
+    ("negative replicas", {"model": {**VALID["model"], "replicas": -1}}, "spec.model.replicas"),
+    ("an s3:// artifact", {"model": {"version": "v1", "uri": "s3://bucket/m"}}, "spec.model.uri"),
+    (
+        "a volume with a uri outside it",
+        {"model": {"version": "v1", "uri": "/data/m", "volume": {"emptyDir": {}}}},
+        "spec.model.uri",
+    ),
+    (
+        "external Redis without url",
+        with_({"cache": {"redis": {"mode": "external"}}}),
+        "spec.cache.redis.url",
+    ),
+    (
+        "managed Redis with a url",
+        with_({"cache": {"redis": {"url": "redis://r:6379"}}}),
+        "spec.cache.redis.url",
+    ),
+    (
+        "TLS over redis://",
+        with_({"cache": {"redis": {"mode": "external", "url": "redis://r:6379", "tls": True}}}),
+        "spec.cache.redis.url",
+    ),
+    ("Redis memory 2GB", with_({"cache": {"redis": {"memory": "2GB"}}}), "spec.cache.redis.memory"),
+    ("two shards", with_({"cache": {"redis": {"shards": 2}}}), "spec.cache.redis.shards"),
+    ("negative L1 bytes", with_({"cache": {"l1Bytes": -1}}), "spec.cache.l1Bytes"),
+    ("fixed TTL without seconds", with_({"ttl": {"mode": "fixed"}}), "spec.ttl.fixedSeconds"),
+    (
+        "TTL min above max",
+        with_({"ttl": {"minSeconds": 500, "maxSeconds": 300}}),
+        "spec.ttl.minSeconds",
+    ),
+    (
+        "a pod label the operator selects on",
+        {"model": {**VALID["model"], "pod": {"labels": {"app.kubernetes.io/instance": "x"}}}},
+        "spec.model.pod.labels",
+    ),
+    (
+        "root as the pod's user",
+        {"model": {**VALID["model"], "pod": {"securityContext": {"runAsUser": 0}}}},
+        "spec.model.pod.securityContext.runAsUser",
+    ),
+    ("the admin port as Service port", with_({"service": {"port": 8081}}), "spec.service.port"),
+    (
+        "Prometheus source without url",
+        with_({"ttl": {"source": {"type": "prometheus"}}}),
+        "spec.ttl.source.prometheus",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "field"), INVALID, ids=[c[0] for c in INVALID])
+def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -> None:
+    admitted, message = admit(spec)
+    assert not admitted, f"{case}: admitted"
+    assert field in message, f"{case}: {message}"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        VALID,
+        with_({"cache": {"redis": {"memory": "1.5Gi"}}}),
+        with_({"cache": {"redis": {"memory": 1073741824}}}),
+        with_({"canary": {"version": "v2", "uri": "https://models.example/v2"}}),
+        with_({"ttl": {"mode": "fixed", "fixedSeconds": 30}}),
+        with_({"cache": {"redis": {"mode": "external", "url": "rediss://r:6380", "tls": True}}}),
+        {"model": {**VALID["model"], "pod": POD_KNOBS}},
+    ],
+    ids=[
+        "minimal",
+        "fractional memory",
+        "integer memory",
+        "https canary",
+        "fixed TTL",
+        "TLS",
+        "every pod knob",
+    ],
+)
+def test_a_valid_spec_is_admitted(admit, spec) -> None:
+    admitted, message = admit(spec)
+    assert admitted, message
