@@ -238,6 +238,27 @@ class Stack:
             f"--timeout={self.install_timeout_s}s",
         )
 
+    def helm_test(self, ranker: str) -> str:
+        """``helm upgrade`` the release to check ``ranker``'s Service too, then ``helm test``;
+        returns the test pod's log."""
+        values = [
+            *self.chart_values,
+            f"test.rankerDeployment.name={ranker}",
+            f"test.rankerDeployment.namespace={NS}",
+        ]
+        sets = [arg for v in values for arg in ("--set", v)]
+        self.cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *sets)
+        out = self.cluster.helm(
+            "test", RELEASE, "--namespace", OPERATOR_NS, "--logs", "--timeout=180s", check=False
+        )
+        assert out.returncode == 0, f"helm test failed:\n{out.stdout}\n{out.stderr}"
+        return out.stdout
+
+    def uninstall_operator(self) -> None:
+        self.cluster.helm(
+            "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", "--timeout=300s"
+        )
+
     def kill_operator(self) -> None:
         """Delete the operator pod; its Deployment starts a new one."""
         self.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "--wait=false")

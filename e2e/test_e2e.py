@@ -38,6 +38,7 @@ from stack import (
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
+from kvrank_operator.crd import crd
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,11 +115,36 @@ def feed_ranker(stack: Stack, **spec: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- install
+def previous_crd() -> dict[str, Any]:
+    """The CRD as the previous release shipped it: no artifact checksums yet."""
+    doc = crd()
+    spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for part in ("model", "canary"):
+        del spec["properties"][part]["properties"]["sha256"]
+    return doc
+
+
+def model_properties(stack: Stack) -> dict[str, Any]:
+    doc = json.loads(stack.kubectl("get", "crd", "rankerdeployments.kvrank.io", "-o", "json"))
+    schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    props: dict[str, Any] = schema["properties"]["spec"]["properties"]["model"]["properties"]
+    return props
+
+
 def test_01_install_chart_crd_and_operator(stack: Stack) -> None:
+    # a cluster where the previous release's CRD is installed: helm never upgrades a chart's
+    # crds/, so the operator of this release must bring the schema up to date itself
+    stack.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(previous_crd())
+    )
+    assert "sha256" not in model_properties(stack)
     stack.install_operator()
-    crd = json.loads(stack.kubectl("get", "crd", "rankerdeployments.kvrank.io", "-o", "json"))
-    established = [c for c in crd["status"]["conditions"] if c["type"] == "Established"]
-    assert established and established[0]["status"] == "True", crd["status"]
+    stack.wait_for(
+        lambda: "sha256" in model_properties(stack), "the operator upgrading its CRD", 120
+    )
+    crd_doc = json.loads(stack.kubectl("get", "crd", "rankerdeployments.kvrank.io", "-o", "json"))
+    established = [c for c in crd_doc["status"]["conditions"] if c["type"] == "Established"]
+    assert established and established[0]["status"] == "True", crd_doc["status"]
     dep = stack.wait_for(
         lambda: next(
             (
@@ -133,7 +159,7 @@ def test_01_install_chart_crd_and_operator(stack: Stack) -> None:
         "the operator Deployment Ready",
     )
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
-    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    columns = [c["name"] for c in crd_doc["spec"]["versions"][0]["additionalPrinterColumns"]]
     for column in ("Ready", "Version", "Canary", "Weight", "TTL", "Hit-Ratio", "Age"):
         assert column in columns
     assert "No resources found" in stack.cluster.kubectl("get", "rkd", "-n", NS).stderr
@@ -199,6 +225,10 @@ def test_02_basic_example_serves_and_caches(stack: Stack) -> None:
     for column in ("READY", "VERSION", "CANARY", "WEIGHT", "TTL", "HIT-RATIO", "AGE"):
         assert column in table
     assert "2/2" in table, table
+    # `helm test`: the operator is healthy and feed-ranker's Service answers /readyz
+    log = stack.helm_test("feed-ranker")
+    assert log.count("ok   200") == 3 and "FAIL" not in log, log
+    assert "feed-ranker.kvrank-e2e.svc:8080/readyz" in log, log
 
 
 # ---------------------------------------------------------------------------- network policy
@@ -521,7 +551,7 @@ def test_09_ttl_converges_on_a_slow_starting_ranker_without_restart(
 
 
 # ---------------------------------------------------------------------------- bad input
-def test_10_invalid_specs_are_refused_at_apply_and_nothing_is_deleted(
+def test_10_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
     stack: Stack,
 ) -> None:
     bad = canary_spec(stack, "v3", weight=150)
@@ -551,6 +581,32 @@ def test_10_invalid_specs_are_refused_at_apply_and_nothing_is_deleted(
     assert degraded is not None and degraded["status"] == "False", degraded
     assert stack.must_get("deployment", "feed-ranker-v2")["metadata"]["uid"] == serving
     assert ok_score(stack, "feed-ranker", "still-serving")["model_version"] == "v2"
+    # a canary whose artifact does not match its checksum: its pods refuse to serve it, the
+    # operator says which version and why, the stable version keeps serving
+    mismatch = canary_spec(stack, "v3")
+    mismatch["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
+    mismatch["spec"]["canary"]["sha256"] = "0" * 64
+    stack.apply(mismatch)
+    failed = stack.wait_for(
+        lambda: (
+            (c := condition(stack, "feed-ranker", "RankersStarted"))
+            and c["status"] == "False"
+            and c
+        ),
+        "RankersStarted False for the mismatching canary",
+        180,
+    )
+    assert failed["reason"] == "StartFailed" and "v3:" in failed["message"], failed
+    assert "sha256" in failed["message"] and "expected 0000" in failed["message"], failed
+    assert ok_score(stack, "feed-ranker-v2", "stable-during-bad-canary")["model_version"] == "v2"
+    restore = canary_spec(stack, None)
+    restore["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
+    stack.apply(restore)
+    stack.wait_for(
+        lambda: (c := condition(stack, "feed-ranker", "RankersStarted")) and c["status"] == "True",
+        "RankersStarted True once the canary is gone",
+        120,
+    )
 
 
 # ---------------------------------------------------------------------------- resilience
@@ -675,3 +731,30 @@ def test_13_delete_removes_everything_it_created(stack: Stack) -> None:
             lambda selector=selector: not stack.select("pods", selector), f"pods of {name} gone"
         )
     assert not stack.endpoints("feed-ranker")
+
+
+# ---------------------------------------------------------------------------- uninstall
+def test_14_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
+    doc = stack.adapt(example("basic.yaml"))
+    doc["metadata"]["name"] = "left-behind"
+    doc["spec"]["model"]["replicas"] = 1
+    doc["spec"]["cache"]["redis"] = {"mode": "external", "url": "redis://nowhere.invalid:6379"}
+    stack.apply(doc)
+    finalizer = "kopf.zalando.org/KopfFinalizerMarker"
+    stack.wait_for(
+        lambda: (
+            finalizer in (stack.must_get("rkd", "left-behind")["metadata"].get("finalizers") or [])
+            and stack.get("deployment", "left-behind-v1")
+        ),
+        "the operator managing left-behind",
+    )
+    # helm's pre-delete hook stops the operator, then takes its finalizer off
+    stack.uninstall_operator()
+    assert not stack.select("pods", OPERATOR_SELECTOR, OPERATOR_NS)
+    assert not stack.must_get("rkd", "left-behind")["metadata"].get("finalizers")
+    assert stack.get("deployment", "left-behind-v1") is not None  # still there, unmanaged
+    stack.kubectl("delete", "rkd", "left-behind", "-n", NS, "--timeout=60s")
+    stack.wait_for(
+        lambda: stack.get("deployment", "left-behind-v1") is None,
+        "left-behind's Deployment garbage-collected",
+    )

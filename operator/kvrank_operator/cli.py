@@ -25,13 +25,6 @@ def run(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0: off).")] = 8000,
     liveness_port: Annotated[int, typer.Option(help="Health endpoint port (0: off).")] = 8081,
-    redis_health: Annotated[
-        bool,
-        typer.Option(
-            help="Check managed Redis Clusters through their pods and heal them"
-            " (turn off only where pods are simulated and cannot be reached)."
-        ),
-    ] = True,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -50,7 +43,6 @@ def run(
         level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
     )
     handlers.KUBECONFIG = kubeconfig
-    handlers.REDIS_HEALTH = redis_health
     if metrics_port:
         start_http_server(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
@@ -62,6 +54,36 @@ def run(
             liveness_endpoint=liveness,
         )
     )
+
+
+@app.command("release-finalizers")
+def release_finalizers(
+    operator: Annotated[
+        str | None,
+        typer.Option(help="namespace/name of the operator's Deployment, stopped first."),
+    ] = None,
+    namespace: Annotated[
+        list[str] | None, typer.Option(help="Only these namespaces (repeatable).")
+    ] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="Kubeconfig (default: in-cluster).")
+    ] = None,
+) -> None:
+    """Before uninstalling: stop the operator, then take its finalizer off every
+    RankerDeployment so they stay deletable (they and their pods keep running)."""
+    import logging
+
+    from kvrank_operator.kube import Kube, load_client
+    from kvrank_operator.release import release_finalizers as release
+    from kvrank_operator.release import stop_operator
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(message)s")
+    kube = Kube(load_client(kubeconfig))
+    if operator:
+        ns, _, name = operator.partition("/")
+        stop_operator(kube, ns, name)
+    count = release(kube, namespace or [])
+    typer.echo(f"released {count} RankerDeployment(s)")
 
 
 @app.command()

@@ -130,6 +130,11 @@ MODEL = _obj(
             "maxLength": 1024,
             "description": "Artifact location: a path in a mounted volume or a URL.",
         },
+        "sha256": {
+            "type": "string",
+            "pattern": "^[0-9a-fA-F]{64}$",
+            "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
+        },
         "image": {"type": "string", "minLength": 1, "maxLength": 512},
         "replicas": {
             "type": "integer",
@@ -183,6 +188,11 @@ CANARY = _obj(
         "uri": {"type": "string", "minLength": 1, "maxLength": 1024},
         "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": CanarySpec.weight},
         "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "sha256": {
+            "type": "string",
+            "pattern": "^[0-9a-fA-F]{64}$",
+            "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
+        },
     },
     ["version", "uri"],
     **{"x-kubernetes-validations": [_HTTP_URI]},

@@ -32,9 +32,6 @@ RESYNC_S = 5.0
 
 _kube: Kube | None = None
 KUBECONFIG: str | None = None
-REDIS_HEALTH = True
-"""Check (and heal) managed Redis Clusters by talking to their pods; off only where the pods
-are not real (tests on simulated nodes)."""
 
 
 def kube() -> Kube:
@@ -54,6 +51,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.level = logging.INFO
+    _upgrade_crd()
+
+
+def _upgrade_crd() -> None:
+    """Bring the installed CRD to this operator's schema. ``helm upgrade`` never touches a
+    chart's ``crds/``, so the new operator applies its own (RBAC: ``patch`` on this one CRD
+    only; the first install still comes from the chart)."""
+    try:
+        kube().apply(crd.crd(), owner=None)
+    except ApiException as exc:
+        log.error("could not apply the RankerDeployment CRD (%s %s)", exc.status, exc.reason)
+    else:
+        log.info("RankerDeployment CRD at this operator's schema (%s)", crd.VERSION)
 
 
 def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
@@ -63,7 +73,7 @@ def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
             kube(),
             dict(body),
             dt.datetime.now(dt.UTC),
-            redis_health=check_and_heal if REDIS_HEALTH else None,
+            redis_health=check_and_heal,
         )
     except ApiException as exc:
         RECONCILES.labels(trigger, "error").inc()

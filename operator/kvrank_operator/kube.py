@@ -60,8 +60,12 @@ class Kube:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
         return self._resources[key]
 
-    def apply(self, obj: dict[str, Any], owner: Owner) -> dict[str, Any]:
-        obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner.reference()]}}
+    def apply(self, obj: dict[str, Any], owner: Owner | None) -> dict[str, Any]:
+        """Server-side apply as the operator's field manager; ``owner`` (when given) is
+        garbage-collection's parent."""
+        if owner is not None:
+            refs = [owner.reference()]
+            obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": refs}}
         res = self._res(obj["apiVersion"], obj["kind"])
         out = self.dyn.server_side_apply(
             res,
@@ -90,11 +94,22 @@ class Kube:
             return None
 
     def list(
-        self, api_version: str, kind: str, namespace: str, selector: dict[str, str]
+        self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]
     ) -> list[dict[str, Any]]:
+        """Objects matching ``selector`` in ``namespace`` (``None``: in every namespace)."""
         sel = ",".join(f"{k}={v}" for k, v in selector.items())
         items = self._res(api_version, kind).get(namespace=namespace, label_selector=sel).items
         return [dict(i.to_dict()) for i in items]
+
+    def merge_patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None:
+        self._res(api_version, kind).patch(
+            body=patch,
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         try:

@@ -91,6 +91,8 @@ class Observed:
     """model version → its Deployment (old ones included)."""
     serving: set[str]
     """Versions that still have pods, draining ones included."""
+    start_failures: dict[str, str]
+    """version → why one of its pods failed to start (its termination message's last line)."""
     finished_jobs: set[str]
     """Purge Jobs that succeeded."""
     redis: ObservedRedis | None
@@ -163,9 +165,12 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         str(d["metadata"]["labels"].get("kvrank.io/version")): d
         for d in kube.list("apps/v1", "Deployment", ns, ranker)
     }
-    serving = {
-        str(p["metadata"]["labels"].get("kvrank.io/version"))
-        for p in kube.list("v1", "Pod", ns, m.labels(name))
+    pods = kube.list("v1", "Pod", ns, m.labels(name))
+    serving = {str(p["metadata"]["labels"].get("kvrank.io/version")) for p in pods}
+    failures = {
+        str(p["metadata"]["labels"].get("kvrank.io/version")): why
+        for p in pods
+        if (why := _start_failure(p)) is not None
     }
     finished = {
         j["metadata"]["name"]
@@ -173,7 +178,22 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         if (j.get("status") or {}).get("succeeded")
     }
     redis = _observe_redis(kube, name, ns) if spec.cache.redis.mode == "managed" else None
-    return Observed(deployments, serving, finished, redis)
+    return Observed(deployments, serving, failures, finished, redis)
+
+
+def _start_failure(pod: dict[str, Any]) -> str | None:
+    """Why a pod's ranker keeps failing to start (the last line of its termination
+    message), or ``None``."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("ready"):
+            continue
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode"):
+                lines = [ln for ln in (ended.get("message") or "").splitlines() if ln.strip()]
+                reason = lines[-1] if lines else ended.get("reason") or "exited"
+                return f"{reason[:300]} (exit code {ended['exitCode']})"
+    return None
 
 
 def _observe_redis(kube: Kube, name: str, ns: str) -> ObservedRedis:
@@ -248,7 +268,7 @@ def _cache_namespaces(
             # the namespace after the purge: the grace period counts from its last pod
             e["purgeAfter"] = iso(now + dt.timedelta(seconds=_grace(spec, e)))
         elif e["state"] == "retired" and parse_iso(e["purgeAfter"]) <= now:
-            job = m.purge_job(spec, name, ns, e["namespace"])
+            job = m.purge_job(spec, name, ns, e["namespace"], e["since"])
             kube.create_if_absent(job, owner)
             e.update(state="purging", job=job["metadata"]["name"])
             out.events.append(
@@ -370,6 +390,17 @@ def _status(
         status, "Progressing", not ready, "Rolling" if not ready else "Stable", msg, gen, now
     )
     _canary_condition(spec, versions, status, gen, now)
+    failing = {v: why for v, why in seen.start_failures.items() if v in live}
+    message = "; ".join(f"{v}: {why}" for v, why in sorted(failing.items()))
+    set_condition(
+        status,
+        "RankersStarted",
+        not failing,
+        "StartFailed" if failing else "Started",
+        message or "no ranker pod failed to start",
+        gen,
+        now,
+    )
 
 
 def _canary_condition(

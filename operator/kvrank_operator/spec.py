@@ -56,6 +56,8 @@ class ModelSpec:
     external_replicas: bool = False
     """An autoscaler owns the Deployments' replicas: the operator never sets them."""
     pod: PodSettings = field(default_factory=PodSettings)
+    sha256: str | None = None
+    """Of the artifact's weights file: pods refuse an artifact that does not match."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class CanarySpec:
     uri: str
     weight: int = 10
     replicas: int | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,12 @@ class RankerSpec:
     ttl: TTLSpec
     port: int = 8080
     service_type: str = "ClusterIP"
+
+    def artifact_of(self, role: str) -> tuple[str, str | None]:
+        """(uri, sha256) of the stable or the canary version."""
+        if role == "canary" and self.canary is not None:
+            return self.canary.uri, self.canary.sha256
+        return self.model.uri, self.model.sha256
 
     def versions(self) -> list[tuple[str, str]]:
         """(version, role) of every live version, stable first."""
@@ -192,6 +201,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         volume=m.get("volume") or {},
         external_replicas=bool(m.get("externalReplicas", ModelSpec.external_replicas)),
         pod=_pod(m.get("pod") or {}),
+        sha256=m.get("sha256"),
     )
     for fld, uri in (
         ("model.uri", model.uri),
@@ -217,6 +227,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
             _req(c, "uri", "canary"),
             int(c.get("weight", CanarySpec.weight)),
             c.get("replicas"),
+            c.get("sha256"),
         )
         if canary.version == model.version:
             raise SpecError(

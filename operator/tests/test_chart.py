@@ -67,17 +67,33 @@ def test_schema_rejects_unknown_values() -> None:
     assert out.returncode != 0 and "surprise" in out.stderr
 
 
-def _rules(doc: dict) -> dict[tuple[tuple[str, ...], tuple[str, ...]], set[str]]:
-    return {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in doc["rules"]}
+Rules = dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], set[str]]
+CRD_RULES: Rules = {
+    (("apiextensions.k8s.io",), ("customresourcedefinitions",), ()): {"get", "list", "watch"},
+    # its own CRD only, and no create: the chart installs it first
+    (("apiextensions.k8s.io",), ("customresourcedefinitions",), ("rankerdeployments.kvrank.io",)): {
+        "patch"
+    },
+}
+
+
+def _rules(doc: dict) -> Rules:
+    return {
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(
+            r["verbs"]
+        )
+        for r in doc["rules"]
+    }
 
 
 def test_rbac_is_least_privilege() -> None:
     role = next(d for d in render() if d["kind"] == "ClusterRole")
     rules = _rules(role)
-    assert rules[(("kvrank.io",), ("rankerdeployments",))] == {"get", "list", "watch", "patch"}
-    assert rules[(("",), ("pods",))] == {"list"}
-    assert rules[(("",), ("secrets",))] == {"get", "create", "patch"}  # never list or watch
-    assert rules[(("",), ("configmaps",))] == {"create", "patch"}
+    assert rules[(("kvrank.io",), ("rankerdeployments",), ())] == {"get", "list", "watch", "patch"}
+    assert rules[(("",), ("pods",), ())] == {"list"}
+    assert rules[(("",), ("secrets",), ())] == {"get", "create", "patch"}  # never list or watch
+    assert rules[(("",), ("configmaps",), ())] == {"create", "patch"}
+    assert CRD_RULES.items() <= rules.items()
     everything = {v for verbs in rules.values() for v in verbs}
     assert "*" not in everything and "escalate" not in everything and "bind" not in everything
     assert all("*" not in r["resources"] for r in role["rules"])
@@ -86,11 +102,11 @@ def test_rbac_is_least_privilege() -> None:
 def test_watched_namespaces_get_roles_not_cluster_wide_rights() -> None:
     docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
-    assert _rules(cluster_role) == {
-        (("apiextensions.k8s.io",), ("customresourcedefinitions",)): {"get", "list", "watch"}
-    }
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert _rules(cluster_role) == CRD_RULES
+    own = [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    watched = [d for d in own if not d["metadata"]["name"].endswith("-self")]
+    roles = {d["metadata"]["namespace"]: d for d in watched if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in watched if d["kind"] == "RoleBinding"}
     assert set(roles) == set(bindings) == {"ranking", "ranking-canary"}
     cluster_wide = _rules(next(d for d in render() if d["kind"] == "ClusterRole"))
     for ns, role in roles.items():
@@ -101,6 +117,18 @@ def test_watched_namespaces_get_roles_not_cluster_wide_rights() -> None:
         }, ns
         (subject,) = bindings[ns]["subjects"]
         assert subject["namespace"] == "kvrank-system" and bindings[ns]["roleRef"]["kind"] == "Role"
+
+
+def test_the_uninstall_hook_may_stop_only_its_own_operator() -> None:
+    docs = render()
+    (hook,) = [d for d in docs if d["kind"] == "Job"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    args = hook["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["release-finalizers", "--operator=kvrank-system/rel-kvrank-operator"]
+    (own,) = [d for d in docs if d["kind"] == "Role"]
+    rules = _rules(own)
+    assert rules[(("apps",), ("deployments",), ("rel-kvrank-operator",))] == {"get", "patch"}
+    assert own["metadata"]["namespace"] == "kvrank-system"
 
 
 def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:

@@ -151,9 +151,16 @@ def test_managed_redis_objects() -> None:
 
 def test_purge_job_runs_kvrank_cache_purge() -> None:
     spec = parse_spec(example("basic.yaml"))
-    job = m.purge_job(spec, "feed", "prod", "v-v1")
+    job = m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-01T00:00:00Z")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["cache", "purge", "--namespace", "v-v1"] and "--cluster" in args
+    # retired again later (a canary aborted twice): a new Job, not the finished first one
+    again = m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-02T00:00:00Z")
+    assert again["metadata"]["name"] != job["metadata"]["name"]
+    assert (
+        again["metadata"]["name"]
+        == m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-02T00:00:00Z")["metadata"]["name"]
+    )
 
 
 def test_ttl_policy_with_hysteresis() -> None:

@@ -141,7 +141,7 @@ def serve(
         typer.secho(f"kvrank serve: invalid configuration: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from exc
     try:  # a URL is downloaded now, so a bad location fails before the port opens
-        local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir))
+        local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
     except ArtifactError as exc:
         typer.secho(f"kvrank serve: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from exc

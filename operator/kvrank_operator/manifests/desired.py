@@ -36,9 +36,9 @@ def desired_objects(
         for obj in managed_redis(spec, instance, namespace, password):
             out.append(Desired(obj, create_only=obj["kind"] in ("Secret", "Job")))
     for version, role in spec.versions():
-        canary = spec.canary
-        uri = canary.uri if role == "canary" and canary is not None else spec.model.uri
-        dep = deployment(spec, instance, namespace, version, uri, spec.replicas_of(role), role)
+        uri, sha256 = spec.artifact_of(role)
+        replicas = spec.replicas_of(role)
+        dep = deployment(spec, instance, namespace, version, uri, replicas, role, sha256)
         if spec.model.external_replicas:
             dep["spec"].pop("replicas")  # the autoscaler's field: never claim it
         out.append(Desired(dep))

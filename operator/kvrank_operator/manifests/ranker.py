@@ -69,6 +69,7 @@ def deployment(
     uri: str,
     replicas: int,
     role: str,
+    sha256: str | None = None,
 ) -> dict[str, Any]:
     """One model version's Deployment: surge-only rollouts, scrape annotations."""
     sel = version_labels(instance, version)
@@ -96,13 +97,15 @@ def deployment(
                         "prometheus.io/port": str(spec.port),
                     },
                 },
-                "spec": ranker_pod(spec, instance, version, uri),
+                "spec": ranker_pod(spec, instance, version, uri, sha256),
             },
         },
     }
 
 
-def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[str, Any]:
+def ranker_pod(
+    spec: RankerSpec, instance: str, version: str, uri: str, sha256: str | None = None
+) -> dict[str, Any]:
     """The pod of one version: spread over nodes, the user's scheduling knobs applied."""
     volumes, mounts = _volumes(spec, instance)
     knobs = spec.model.pod
@@ -113,7 +116,7 @@ def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[
         security["fsGroup"] = knobs.fs_group
     pod: dict[str, Any] = {
         "securityContext": security,
-        "containers": [_container(spec, _env(spec, version, uri), mounts)],
+        "containers": [_container(spec, _env(spec, version, uri, sha256), mounts)],
         "volumes": volumes,
         "topologySpreadConstraints": [
             {
@@ -139,9 +142,11 @@ def ranker_pod(spec: RankerSpec, instance: str, version: str, uri: str) -> dict[
     return pod
 
 
-def _env(spec: RankerSpec, version: str, uri: str) -> list[dict[str, Any]]:
+def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[dict[str, Any]]:
     """The ranker's settings that differ per version (the rest is in the config file)."""
+    checksum = [{"name": "KVRANK_MODEL_SHA256", "value": sha256}] if sha256 else []
     return [
+        *checksum,
         {"name": "KVRANK_MODEL_DIR", "value": uri},
         {"name": "KVRANK_NAMESPACE", "value": namespace_for(version)},
         {"name": "KVRANK_MODEL_VERSION", "value": version},
@@ -205,6 +210,9 @@ def _container(
         },
         "volumeMounts": mounts,
         "securityContext": restricted_container(),
+        # a failed start (artifact unreachable, wrong checksum) ends with its reason as the
+        # last log line: the kubelet keeps it as the termination message the operator reads
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
@@ -263,10 +271,16 @@ def pod_disruption_budget(instance: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def purge_job(spec: RankerSpec, instance: str, namespace: str, cache_ns: str) -> dict[str, Any]:
-    """A Job that removes one cache namespace from Redis (``kvrank cache purge``)."""
+def purge_job(
+    spec: RankerSpec, instance: str, namespace: str, cache_ns: str, retired_at: str = ""
+) -> dict[str, Any]:
+    """A Job that removes one cache namespace from Redis (``kvrank cache purge``).
+
+    Named after the namespace *and* its retirement: a version retired again later (a canary
+    aborted twice) gets a new Job, not the finished one of the first time.
+    """
     url, cluster = redis_url(spec, instance, namespace)
-    digest = hashlib.sha1(cache_ns.encode()).hexdigest()[:8]
+    digest = hashlib.sha1(f"{cache_ns}@{retired_at}".encode()).hexdigest()[:8]
     args = ["cache", "purge", "--namespace", cache_ns, "--redis", url]
     if cluster:
         args.append("--cluster")

@@ -4,7 +4,9 @@
 number; weights are loaded with safetensors and ``load_state_dict(strict=True)``, so a
 file that does not match the config is an :class:`ArtifactError`, never a partial model.
 An artifact lives in a directory, or behind an ``http(s)://`` URL (the directory's two
-files under it), which :func:`resolve_artifact` downloads once into a local cache.
+files under it), which :func:`resolve_artifact` downloads once into a local cache. When the
+deployment names the weights' SHA-256, a download that does not match is never cached and
+a directory that does not match is refused.
 """
 
 from __future__ import annotations
@@ -85,11 +87,17 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
-def resolve_artifact(location: str, cache_dir: Path) -> Path:
+def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) -> Path:
     """A local directory holding the artifact at ``location``: a path as it is, or an
     ``http(s)://`` URL whose two files are downloaded (once: a complete download is reused)
-    into ``cache_dir/<digest of the URL>``. A partial download never looks complete."""
+    into ``cache_dir/<digest of the URL>``. A partial download never looks complete.
+
+    ``sha256``: the expected SHA-256 (hex) of the weights file, checked on whatever is
+    returned (a mismatching download is discarded before it is cached).
+    """
     if not is_url(location):
+        if sha256 is not None:
+            verify_weights(Path(location), sha256, location)
         return Path(location)
     if not location.startswith(("http://", "https://")):
         scheme = location.split("://", 1)[0]
@@ -99,17 +107,39 @@ def resolve_artifact(location: str, cache_dir: Path) -> Path:
         )
     target = cache_dir / hashlib.sha256(location.encode()).hexdigest()[:16]
     if (target / CONFIG_FILE).is_file() and (target / WEIGHTS_FILE).is_file():
+        if sha256 is not None:
+            verify_weights(target, sha256, location)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=cache_dir))
     try:
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             _download(f"{location.rstrip('/')}/{name}", staging / name)
+        if sha256 is not None:
+            verify_weights(staging, sha256, location)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def verify_weights(directory: Path, sha256: str, location: str) -> None:
+    """``ArtifactError`` unless the weights file's SHA-256 is ``sha256``."""
+    digest = hashlib.sha256()
+    try:
+        with (directory / WEIGHTS_FILE).open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ArtifactError(
+            f"model artifact {location}: cannot read {WEIGHTS_FILE}: {exc}"
+        ) from exc
+    if digest.hexdigest() != sha256.lower():
+        raise ArtifactError(
+            f"model artifact {location}: {WEIGHTS_FILE} has sha256 {digest.hexdigest()},"
+            f" expected {sha256.lower()} (model_sha256)"
+        )
 
 
 def _download(url: str, dest: Path) -> None:

@@ -53,7 +53,8 @@ class AppState:
 
 
 def build_service(cfg: ServerConfig) -> RankingService:
-    model = load_model(resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir)), cfg.device)
+    local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
+    model = load_model(local, cfg.device)
     if cfg.model_version is not None and model.version != cfg.model_version:
         raise ArtifactError(
             f"the artifact at {cfg.model_dir} is model version {model.version!r},"

@@ -62,6 +62,12 @@ class ServerConfig(BaseSettings):
         description="When set, the artifact's version must equal it (the operator sets it to"
         " the version its Deployment is labelled with).",
     )
+    model_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="SHA-256 of the artifact's model.safetensors: checked after download"
+        " (a mismatch is never cached) and on a local directory.",
+    )
     device: str = "cpu"
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None

@@ -134,3 +134,27 @@ def test_url_artifact_errors_are_clear_and_leave_nothing_half_written(
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
     with pytest.raises(ArtifactError, match="scheme 's3' is not supported"):
         resolve_artifact("s3://bucket/m", tmp_path / "cache")
+
+
+def test_weights_checksum_is_verified_and_a_mismatch_is_never_cached(
+    factory, tiny_cfg, tmp_path, http_dir
+) -> None:
+    import hashlib
+
+    from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
+
+    site = save_model(factory.model(tiny_cfg, version="v1"), tmp_path / "site" / "m")
+    good = hashlib.sha256((site / WEIGHTS_FILE).read_bytes()).hexdigest()
+    base, served = http_dir(tmp_path / "site")
+    wrong = "0" * 64
+    with pytest.raises(ArtifactError, match=rf"sha256 {good}, expected {wrong}"):
+        resolve_artifact(f"{base}/m", tmp_path / "cache", wrong)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-trusted kept
+    local = resolve_artifact(f"{base}/m", tmp_path / "cache", good.upper())
+    assert load_model(local).version == "v1"
+    with pytest.raises(ArtifactError, match="expected 0000"):  # the cached copy is checked too
+        resolve_artifact(f"{base}/m", tmp_path / "cache", wrong)
+    with pytest.raises(ArtifactError, match="model_sha256"):  # and a mounted directory
+        resolve_artifact(str(site), tmp_path / "cache", wrong)
+    assert resolve_artifact(str(site), tmp_path / "cache", good) == site
+    assert len(served) == 4  # two downloads: the discarded one and the kept one
