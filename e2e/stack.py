@@ -204,8 +204,8 @@ class Stack:
     def stop(self) -> None:
         """Remove what :meth:`start` and the tests made; the cluster stays up."""
         self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, check=False)
-        for ns in (NS, OPERATOR_NS):
-            self.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        for ns in (NS, OPERATOR_NS):  # the cluster outlives the stack: no need to wait
+            self.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
     def prepare_namespaces(self) -> None:
         """Both namespaces admit only ``restricted`` pods; then the artifact store."""
@@ -253,6 +253,23 @@ class Stack:
         )
         assert out.returncode == 0, f"helm test failed:\n{out.stdout}\n{out.stderr}"
         return out.stdout
+
+    def api_writes(self, resources: set[str]) -> dict[str, float]:
+        """Write requests the API server has served so far, by ``verb resource[/sub]``, for
+        ``resources`` (its ``apiserver_request_total``)."""
+        text = self.kubectl("get", "--raw", "/metrics")
+        writes: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name != "apiserver_request_total":
+                    continue
+                if labels.get("verb") not in WRITE_VERBS or labels.get("resource") not in resources:
+                    continue
+                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+                key = f"{labels['verb']} {labels['resource']}{sub}"
+                writes[key] = writes.get(key, 0.0) + sample.value
+        return writes
 
     def uninstall_operator(self) -> None:
         self.cluster.helm(
@@ -688,6 +705,9 @@ class KindStack(Stack):
             self.forwards[service] = (proc, f"http://127.0.0.1:{port}")
             time.sleep(2)
         return [self.forwards[service][1]]
+
+
+WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 
 
 def stack_for(cluster: Cluster, workdir: Path, docker: Docker, images: Images) -> Stack:

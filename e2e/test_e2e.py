@@ -714,8 +714,39 @@ def test_12_redis_pod_deleted_under_load_scoring_keeps_succeeding_and_the_cluste
     )
 
 
+# ---------------------------------------------------------------------------- API load
+OPERATOR_WRITES = {
+    "rankerdeployments",
+    "deployments",
+    "services",
+    "configmaps",
+    "secrets",
+    "statefulsets",
+    "jobs",
+    "poddisruptionbudgets",
+    "networkpolicies",
+}
+"""What the operator writes (of those, only workload controllers also write, and only their
+``/status``)."""
+
+
+def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> None:
+    for name in ("feed-ranker", "ttl-ranker"):
+        stack.wait_for(lambda name=name: ready(stack, name), f"{name} Ready", 240)
+    time.sleep(10)  # let the last readiness changes land in status
+    before = stack.api_writes(OPERATOR_WRITES)
+    time.sleep(60)  # twelve resyncs of both RankerDeployments
+    after = stack.api_writes(OPERATOR_WRITES)
+    writes = {
+        k: after[k] - before.get(k, 0.0)
+        for k in after
+        if after[k] != before.get(k, 0.0) and not (k.endswith("/status") and "ranker" not in k)
+    }
+    assert writes == {}, f"writes in a minute of steady state: {writes}"
+
+
 # ---------------------------------------------------------------------------- delete
-def test_13_delete_removes_everything_it_created(stack: Stack) -> None:
+def test_14_delete_removes_everything_it_created(stack: Stack) -> None:
     for name in ("feed-ranker", "ttl-ranker"):
         stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=false")
     for name in ("feed-ranker", "ttl-ranker"):
@@ -734,7 +765,7 @@ def test_13_delete_removes_everything_it_created(stack: Stack) -> None:
 
 
 # ---------------------------------------------------------------------------- uninstall
-def test_14_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
+def test_15_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
     doc = stack.adapt(example("basic.yaml"))
     doc["metadata"]["name"] = "left-behind"
     doc["spec"]["model"]["replicas"] = 1

@@ -81,7 +81,9 @@ def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
     finally:
         LATENCY.observe(time.monotonic() - started)
     RECONCILES.labels(trigger, "ok").inc()
-    patch.status.update(outcome.status)
+    current = dict(body).get("status") or {}
+    # only what changed: a steady state writes nothing (kopf sends no empty patch)
+    patch.status.update({k: v for k, v in outcome.status.items() if current.get(k) != v})
     for etype, reason, message in outcome.events:
         (kopf.warn if etype == "Warning" else kopf.info)(body, reason=reason, message=message)
 
@@ -90,6 +92,7 @@ def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
 @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
 @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
 def on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    kube().forget_applied()  # a new spec, or the operator (re)starting: send everything
     _run("change", body, patch, logger)
 
 

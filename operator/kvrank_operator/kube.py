@@ -2,12 +2,18 @@
 
 Server-side apply (field manager ``kvrank-operator``) for every owned object, reads of
 Deployment/Job status, Events, deletion. Objects get an owner reference to their
-``RankerDeployment`` so garbage collection removes them with it.
+``RankerDeployment`` so garbage collection removes them with it. An object is sent only when
+what the operator wants of it changed, or at least every ``REAPPLY_S`` (which also undoes
+someone else's edits): a steady state costs reads, not writes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +23,10 @@ from kubernetes.dynamic.exceptions import NotFoundError
 
 log = logging.getLogger("kvrank_operator.kube")
 FIELD_MANAGER = "kvrank-operator"
+REAPPLY_S = 3600.0
+"""An unchanged object is re-applied this often: an edit or deletion by someone else is
+undone within the hour (at once for a missing Deployment, on any spec change and on an
+operator restart), at one write per object per hour instead of one per resync."""
 
 
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -48,10 +58,45 @@ class Owner:
         }
 
 
+ObjectKey = tuple[str, str, str, str]
+"""(apiVersion, kind, namespace, name)"""
+
+
+@dataclass
+class ApplyLedger:
+    """What the operator last sent of each object, and when: an object whose wanted content
+    is unchanged is sent again only after ``reapply_s``."""
+
+    reapply_s: float = REAPPLY_S
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self._sent: dict[ObjectKey, tuple[str, float]] = {}
+
+    @staticmethod
+    def digest(obj: dict[str, Any]) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+    def needs_sending(self, key: ObjectKey, digest: str) -> bool:
+        last = self._sent.get(key)
+        return last is None or last[0] != digest or self.clock() - last[1] >= self.reapply_s
+
+    def sent(self, key: ObjectKey, digest: str) -> None:
+        self._sent[key] = (digest, self.clock())
+
+    def forget(self, key: ObjectKey | None = None) -> None:
+        """One object (deleted) or all of them (a new spec, an object found missing)."""
+        if key is None:
+            self._sent.clear()
+        else:
+            self._sent.pop(key, None)
+
+
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, ledger: ApplyLedger | None = None) -> None:
         self.api = api
         self.dyn = DynamicClient(api)
+        self.ledger = ledger or ApplyLedger()
         self._resources: dict[tuple[str, str], Any] = {}
 
     def _res(self, api_version: str, kind: str) -> Any:
@@ -60,22 +105,33 @@ class Kube:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
         return self._resources[key]
 
-    def apply(self, obj: dict[str, Any], owner: Owner | None) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], owner: Owner | None) -> bool:
         """Server-side apply as the operator's field manager; ``owner`` (when given) is
-        garbage-collection's parent."""
+        garbage-collection's parent. An object applied with the same content less than
+        ``REAPPLY_S`` ago is not sent again (a steady state costs no writes); returns
+        whether a request was made."""
         if owner is not None:
             refs = [owner.reference()]
             obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": refs}}
-        res = self._res(obj["apiVersion"], obj["kind"])
-        out = self.dyn.server_side_apply(
-            res,
+        meta = obj["metadata"]
+        key = (obj["apiVersion"], obj["kind"], meta.get("namespace") or "", meta["name"])
+        digest = self.ledger.digest(obj)
+        if not self.ledger.needs_sending(key, digest):
+            return False
+        self.dyn.server_side_apply(
+            self._res(obj["apiVersion"], obj["kind"]),
             body=obj,
-            name=obj["metadata"]["name"],
-            namespace=obj["metadata"].get("namespace"),
+            name=meta["name"],
+            namespace=meta.get("namespace"),
             field_manager=FIELD_MANAGER,
             force_conflicts=True,
         )
-        return dict(out.to_dict())
+        self.ledger.sent(key, digest)
+        return True
+
+    def forget_applied(self) -> None:
+        """Send every object again on the next apply."""
+        self.ledger.forget()
 
     def create_if_absent(self, obj: dict[str, Any], owner: Owner) -> bool:
         """Create ``obj`` unless it exists; ``True`` when it was created now."""
@@ -112,6 +168,7 @@ class Kube:
         )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        self.ledger.forget((api_version, kind, namespace, name))
         try:
             self._res(api_version, kind).delete(
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}

@@ -120,6 +120,8 @@ def reconcile(
     desired = m.desired_objects(spec, name, ns, ttl, secrets.token_urlsafe(24))
     _apply(kube, desired, owner, out)
     seen = observe(kube, spec, name, ns)
+    if any(version not in seen.deployments for version, _ in spec.versions()):
+        kube.forget_applied()  # deleted by someone: apply everything again next time
     stable_ready = _ready(
         seen.deployments.get(spec.model.version), _want(spec, seen, spec.model.version, "stable")
     )

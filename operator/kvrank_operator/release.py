@@ -12,6 +12,7 @@ objects as usual.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from kvrank_operator import crd
@@ -30,8 +31,14 @@ def stop_operator(kube: Kube, namespace: str, name: str, timeout_s: float = 120.
         return
     kube.merge_patch("apps/v1", "Deployment", namespace, name, {"spec": {"replicas": 0}})
     selector = dep["spec"]["selector"]["matchLabels"]
+    me = os.environ.get("HOSTNAME")  # never wait for the pod this runs in
+
+    def running() -> list[str]:
+        pods = kube.list("v1", "Pod", namespace, selector)
+        return [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != me]
+
     deadline = time.monotonic() + timeout_s
-    while kube.list("v1", "Pod", namespace, selector):
+    while running():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the operator's pods in {namespace} did not stop in {timeout_s}s")
         time.sleep(1.0)

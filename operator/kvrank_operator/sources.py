@@ -93,24 +93,30 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     return from_pods(kube, spec, name, ns)
 
 
+_MEASURED: dict[str, dt.datetime] = {}
+"""RankerDeployment uid → when its pods were last measured (in memory: a measurement that
+changes nothing writes nothing; after a restart, status.observedAt tells)."""
+
+
 def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
+    """Status fields to publish (``None``: nothing changed or nothing was due)."""
     meta, status = body["metadata"], body.get("status") or {}
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError:
         return None
     current = status.get("ttl") or {}
-    observed_at = status.get("observedAt") or current.get("updatedAt")
+    observed_at = _MEASURED.get(meta["uid"])
+    if observed_at is None and (status.get("observedAt") or current.get("updatedAt")):
+        observed_at = parse_iso(status.get("observedAt") or current["updatedAt"])
     fixed_changed = spec.ttl.mode == "fixed" and current.get("seconds") != spec.ttl.fixed_seconds
-    due = (
-        not observed_at
-        or (now - parse_iso(observed_at)).total_seconds() >= spec.ttl.interval_seconds
-    )
+    due = not observed_at or (now - observed_at).total_seconds() >= spec.ttl.interval_seconds
     if not (due or fixed_changed):  # a new fixed TTL applies at once
         return None
+    _MEASURED[meta["uid"]] = now
     seen = observe(kube, spec, meta["name"], meta["namespace"])
-    out: dict[str, Any] = {"observedAt": iso(now)}
-    if seen.hit_ratio is not None:
+    out: dict[str, Any] = {}
+    if seen.hit_ratio is not None and round(seen.hit_ratio, 3) != status.get("hitRatio"):
         out["hitRatio"] = round(seen.hit_ratio, 3)
     mean = seen.mean_interval_s if spec.ttl.mode == "auto" else None
     ttl = next_ttl(current.get("seconds"), mean, spec.ttl)
@@ -123,4 +129,7 @@ def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, An
             "updatedAt": iso(now),
             "source": "fixed" if spec.ttl.mode == "fixed" else spec.ttl.source,
         }
+    if not out:
+        return None
+    out["observedAt"] = iso(now)  # when the published values last changed
     return out

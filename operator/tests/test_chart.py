@@ -125,6 +125,10 @@ def test_the_uninstall_hook_may_stop_only_its_own_operator() -> None:
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     args = hook["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["release-finalizers", "--operator=kvrank-system/rel-kvrank-operator"]
+    operator = next(d for d in docs if d["kind"] == "Deployment")
+    selector = operator["spec"]["selector"]["matchLabels"].items()
+    # the hook waits for the operator's pods to go: its own pod must not be one of them
+    assert not selector <= hook["spec"]["template"]["metadata"]["labels"].items()
     (own,) = [d for d in docs if d["kind"] == "Role"]
     rules = _rules(own)
     assert rules[(("apps",), ("deployments",), ("rel-kvrank-operator",))] == {"get", "patch"}
