@@ -47,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import free_port_pair
+from kvrank.tools.processes import free_port_pair, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kvrank-operator"
@@ -721,10 +721,4 @@ def stack_for(cluster: Cluster, workdir: Path, docker: Docker, images: Images) -
 
 def metric_values(texts: list[str], name: str, **labels: str) -> list[float]:
     """Every sample called ``name`` (with ``labels``) in Prometheus text expositions."""
-    return [
-        sample.value
-        for text in texts
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    ]
+    return [value for text in texts for value in samples(text, name, **labels)]

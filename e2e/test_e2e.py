@@ -731,10 +731,21 @@ OPERATOR_WRITES = {
 
 
 def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> None:
-    for name in ("feed-ranker", "ttl-ranker"):
+    names = ("feed-ranker", "ttl-ranker")
+    for name in names:
         stack.wait_for(lambda name=name: ready(stack, name), f"{name} Ready", 240)
-    time.sleep(10)  # let the last readiness changes land in status
-    before = stack.api_writes(OPERATOR_WRITES)
+    # settled: the last load's hit ratio published, nothing moving for longer than the TTL
+    # tuner's interval (30 s) — then nothing may be written at all
+    quiet: dict[str, Any] = {"status": None, "since": time.monotonic()}
+
+    def settled() -> bool:
+        now = [status(stack, n) for n in names]
+        if now != quiet["status"]:
+            quiet.update(status=now, since=time.monotonic())
+        return time.monotonic() - quiet["since"] >= 40
+
+    stack.wait_for(settled, "both RankerDeployments' status unchanged for 40 s", 240)
+    before, status_before = stack.api_writes(OPERATOR_WRITES), quiet["status"]
     time.sleep(60)  # twelve resyncs of both RankerDeployments
     after = stack.api_writes(OPERATOR_WRITES)
     writes = {
@@ -742,7 +753,11 @@ def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> 
         for k in after
         if after[k] != before.get(k, 0.0) and not (k.endswith("/status") and "ranker" not in k)
     }
-    assert writes == {}, f"writes in a minute of steady state: {writes}"
+    changed = [
+        {k: v for k, v in now.items() if old.get(k) != v}
+        for old, now in zip(status_before, [status(stack, n) for n in names], strict=True)
+    ]
+    assert writes == {}, f"writes in a minute of steady state: {writes}; status changes {changed}"
 
 
 # ---------------------------------------------------------------------------- delete

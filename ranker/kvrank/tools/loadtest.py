@@ -15,13 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from kvrank.model.artifact import load_model, save_model
 from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import ProcessStack
+from kvrank.tools.processes import ProcessStack, scrape
 from kvrank.tools.replay import Result, replay, summarize
 from kvrank.tools.workload import Workload, WorkloadSettings
 
@@ -57,15 +56,6 @@ def model_dir_for(model: Path | None, workdir: Path) -> tuple[Path, str]:
     return path, "random init (seed 0), quick config"
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items())
-    )
-
-
 def run_load(
     profile: str,
     model: Path | None = None,
@@ -90,9 +80,9 @@ def run_load(
         cache_results = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
         baseline = [replace(r, at_s=0.0) for r in requests[: prof.nocache_requests]]
         nocache_results = asyncio.run(replay(baseline, [nocache_url], 1, tag("nocache")))
-        full = sum(_metric(u, "kvrank_user_encodes_total", kind="full") for u in cache_urls)
-        incr = sum(_metric(u, "kvrank_user_encodes_total", kind="incremental") for u in cache_urls)
-        l1_bytes = sum(_metric(u, "kvrank_l1_bytes") for u in cache_urls)
+        full = sum(scrape(u, "kvrank_user_encodes_total", kind="full") for u in cache_urls)
+        incr = sum(scrape(u, "kvrank_user_encodes_total", kind="incremental") for u in cache_urls)
+        l1_bytes = sum(scrape(u, "kvrank_l1_bytes") for u in cache_urls)
     cache, nocache = summarize(cache_results), summarize(nocache_results)
     summary = {
         "profile": profile,

@@ -20,6 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def samples(text: str, name: str, **labels: str) -> list[float]:
+    """Every sample called ``name`` that carries ``labels``, in Prometheus text exposition."""
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+
+
+def scrape(url: str, name: str, **labels: str) -> float:
+    """The sum of ``name`` (with ``labels``) on a server's ``/metrics``."""
+    return sum(samples(httpx.get(f"{url}/metrics", timeout=10).text, name, **labels))
 
 
 def free_port() -> int:

@@ -14,14 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import ModelConfig
 from kvrank.model.inputs import Candidates, UserFeatures
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import free_port, scrape
 from kvrank.tools.workload import request_body
 
 SERVER_CFG = ModelConfig(
@@ -107,13 +106,7 @@ class ServerProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of every sample called ``name`` that carries ``labels``."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name and labels.items() <= sample.labels.items()
-        )
+        return scrape(self.url, name, **labels)
 
     def stop(self) -> None:
         self.proc.terminate()
