@@ -225,15 +225,29 @@ class Stack:
         self.kubectl("rollout", "status", "-n", NS, f"deployment/{ARTIFACTS}", "--timeout=300s")
 
     # ------------------------------------------------------------------ the operator
-    def install_operator(self) -> None:
+    def install_operator(self, chart: Path = CHART) -> None:
         values = [arg for v in self.chart_values for arg in ("--set", v)]
         self.cluster.helm(
             "install",
             RELEASE,
-            str(CHART),
+            str(chart),
             "--namespace",
             OPERATOR_NS,
             *values,
+            "--wait",
+            f"--timeout={self.install_timeout_s}s",
+        )
+
+    def upgrade_operator(self) -> None:
+        """``helm upgrade`` the release to this tree's chart."""
+        sets = [arg for v in self.chart_values for arg in ("--set", v)]
+        self.cluster.helm(
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            OPERATOR_NS,
+            *sets,
             "--wait",
             f"--timeout={self.install_timeout_s}s",
         )

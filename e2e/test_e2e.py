@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -38,7 +39,6 @@ from stack import (
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
-from kvrank_operator.crd import crd
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,13 +115,19 @@ def feed_ranker(stack: Stack, **spec: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- install
-def previous_crd() -> dict[str, Any]:
-    """The CRD as the previous release shipped it: no artifact checksums yet."""
-    doc = crd()
-    spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    for part in ("model", "canary"):
-        del spec["properties"][part]["properties"]["sha256"]
-    return doc
+PREVIOUS_CHART_COMMIT = "e3f6f27"
+"""The last commit of chart 0.1.0: no artifact checksums in its CRD, no CRD upgrades."""
+
+
+def previous_chart(workdir: Path) -> Path:
+    """Chart 0.1.0 as it was released, from the repository's history."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", PREVIOUS_CHART_COMMIT, "charts/kvrank-operator"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
+    return workdir / "charts" / "kvrank-operator"
 
 
 def model_properties(stack: Stack) -> dict[str, Any]:
@@ -132,15 +138,16 @@ def model_properties(stack: Stack) -> dict[str, Any]:
 
 
 def test_01_install_chart_crd_and_operator(stack: Stack) -> None:
-    # a cluster where the previous release's CRD is installed: helm never upgrades a chart's
-    # crds/, so the operator of this release must bring the schema up to date itself
-    stack.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(previous_crd())
-    )
+    # the previous release first: chart 0.1.0 installs its CRD from crds/ (no checksums)
+    stack.kubectl("delete", "crd", "rankerdeployments.kvrank.io", "--ignore-not-found")
+    stack.install_operator(previous_chart(stack.workdir))
     assert "sha256" not in model_properties(stack)
-    stack.install_operator()
+    assert "kvrank-operator-0.1.0" in stack.cluster.helm("list", "-n", OPERATOR_NS).stdout
+    # helm upgrade never touches a chart's crds/: the upgraded operator changes the CRD
+    stack.upgrade_operator()
+    assert "kvrank-operator-0.2.0" in stack.cluster.helm("list", "-n", OPERATOR_NS).stdout
     stack.wait_for(
-        lambda: "sha256" in model_properties(stack), "the operator upgrading its CRD", 120
+        lambda: "sha256" in model_properties(stack), "the CRD schema upgraded in place", 120
     )
     crd_doc = json.loads(stack.kubectl("get", "crd", "rankerdeployments.kvrank.io", "-o", "json"))
     established = [c for c in crd_doc["status"]["conditions"] if c["type"] == "Established"]
