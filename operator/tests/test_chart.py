@@ -129,6 +129,10 @@ def test_the_uninstall_hook_may_stop_only_its_own_operator() -> None:
     selector = operator["spec"]["selector"]["matchLabels"].items()
     # the hook waits for the operator's pods to go: its own pod must not be one of them
     assert not selector <= hook["spec"]["template"]["metadata"]["labels"].items()
+    # nor may the helm test pod (kept after `helm test`) look like one: the operator's
+    # ReplicaSet would adopt it, and the hook would wait for it forever
+    test_pod = next(d for d in docs if d["kind"] == "Pod" and "test" in d["metadata"]["name"])
+    assert not selector <= test_pod["metadata"]["labels"].items()
     (own,) = [d for d in docs if d["kind"] == "Role"]
     rules = _rules(own)
     assert rules[(("apps",), ("deployments",), ("rel-kvrank-operator",))] == {"get", "patch"}
