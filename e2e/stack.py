@@ -22,6 +22,7 @@ kill the operator or a Redis pod, read the rankers' metrics.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import itertools
 import json
 import os
@@ -291,9 +292,49 @@ class Stack:
             "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", "--timeout=300s"
         )
 
-    def kill_operator(self) -> None:
-        """Delete the operator pod; its Deployment starts a new one."""
-        self.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "--wait=false")
+    def operator_leader(self) -> str | None:
+        """The operator pod that holds the Lease (holder identity ``<pod>_<random>``)."""
+        leases = json.loads(self.kubectl("get", "leases", "-n", OPERATOR_NS, "-o", "json"))
+        holders = [(i.get("spec") or {}).get("holderIdentity") for i in leases["items"]]
+        held = [h for h in holders if h]
+        assert len(held) <= 1, f"more than one operator Lease held: {held}"
+        return held[0].rsplit("_", 1)[0] if held else None
+
+    def kill_operator_pod(self, pod: str) -> None:
+        """Kill an operator pod at once: no grace period, so no clean hand-over of its Lease;
+        its Deployment starts a new pod."""
+        self.kubectl(
+            "delete", "pod", pod, "-n", OPERATOR_NS, "--grace-period=0", "--force", "--wait=false"
+        )
+
+    def operator_writes(self, since: dt.datetime) -> list[tuple[dt.datetime, str, str]]:
+        """Every write the operator's pods made since ``since``, from the API server's audit
+        log: ``(time received, pod, "verb resource[/sub] namespace/name")``, oldest first.
+        The pod is the one the request's ServiceAccount token was bound to."""
+        user = f"system:serviceaccount:{OPERATOR_NS}:{self.operator_service_account}"
+        writes = []
+        for event in self.cluster.audit_events():
+            if event["user"]["username"] != user:
+                continue
+            at = dt.datetime.fromisoformat(event["requestReceivedTimestamp"])
+            if at < since:
+                continue
+            pod = (event["user"].get("extra") or {}).get("authentication.kubernetes.io/pod-name")
+            ref = event.get("objectRef") or {}
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            target = f"{ref.get('namespace')}/{ref.get('name')}"
+            what = f"{event['verb']} {ref.get('resource')}{sub} {target}"
+            writes.append((at, pod[0] if pod else "?", what))
+        return sorted(writes)
+
+    @property
+    def operator_service_account(self) -> str:
+        (dep,) = json.loads(
+            self.kubectl(
+                "get", "deployments", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "-o", "json"
+            )
+        )["items"]
+        return str(dep["spec"]["template"]["spec"]["serviceAccountName"])
 
     def operator_log(self, lines: int = 60) -> str:
         out = self.cluster.kubectl(

@@ -12,6 +12,7 @@ reports the RankerDeployments, pods, Events and operator log when it times out.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import math
 import subprocess
@@ -159,13 +160,16 @@ def test_01_install_chart_crd_and_operator(stack: Stack) -> None:
                 for d in json.loads(
                     stack.kubectl("get", "deployment", "-n", OPERATOR_NS, "-o", "json")
                 )["items"]
-                if (d.get("status") or {}).get("readyReplicas") == 1
+                if (d.get("status") or {}).get("readyReplicas") == 2
             ),
             None,
         ),
-        "the operator Deployment Ready",
+        "both operator replicas Ready",
     )
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    # one of the two leads; the other stands by
+    replicas = {p["metadata"]["name"] for p in stack.select("pods", OPERATOR_SELECTOR, OPERATOR_NS)}
+    assert stack.wait_for(stack.operator_leader, "an operator holds the Lease", 60) in replicas
     columns = [c["name"] for c in crd_doc["spec"]["versions"][0]["additionalPrinterColumns"]]
     for column in ("Ready", "Version", "Canary", "Weight", "TTL", "Hit-Ratio", "Age"):
         assert column in columns
@@ -617,22 +621,24 @@ def test_10_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
 
 
 # ---------------------------------------------------------------------------- resilience
-def test_11_operator_killed_mid_rollout_converges(stack: Stack) -> None:
+def test_11_the_standby_operator_takes_over_when_the_leader_is_killed_mid_rollout(
+    stack: Stack,
+) -> None:
+    def both_running() -> set[str] | None:
+        pods = stack.select("pods", OPERATOR_SELECTOR, OPERATOR_NS)
+        names = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        return names if len(names) == 2 else None
+
+    pods = stack.wait_for(both_running, "two operator pods", 120)
+    leader = stack.wait_for(stack.operator_leader, "an operator holds the Lease", 60)
+    (standby,) = pods - {leader}
+    started = dt.datetime.now(dt.UTC)
     doc = canary_spec(stack, "v3", weight=40)
     doc["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
-    before = stack.select("pods", OPERATOR_SELECTOR, OPERATOR_NS)
     stack.apply(doc)
     stack.wait_for(lambda: stack.get("deployment", "feed-ranker-v3"), "the rollout started", 60)
-    stack.kill_operator()  # v3's pods are still starting: the rollout is half done
-    stack.wait_for(
-        lambda: [
-            p
-            for p in stack.select("pods", OPERATOR_SELECTOR, OPERATOR_NS)
-            if p["metadata"]["uid"] not in {b["metadata"]["uid"] for b in before}
-        ],
-        "a new operator pod",
-        60,
-    )
+    stack.kill_operator_pod(leader)  # v3's pods are still starting: the rollout is half done
+    stack.wait_for(lambda: stack.operator_leader() == standby, "the standby leads", 60)
     stack.wait_for(
         lambda: (
             {k for k, v in namespaces(stack, "feed-ranker").items() if v == "active"}
@@ -645,6 +651,11 @@ def test_11_operator_killed_mid_rollout_converges(stack: Stack) -> None:
     assert stack.must_get("deployment", "feed-ranker-v2")["spec"]["replicas"] == 3
     assert stack.must_get("deployment", "feed-ranker-v3")["spec"]["replicas"] == 2
     assert ok_score(stack, "feed-ranker-v3", "after-operator-restart")["model_version"] == "v3"
+    # never two reconcilers: every write of the killed leader came before the standby's
+    # first, and the pod that replaced the leader (a new standby) wrote nothing
+    writes = [w for w in stack.operator_writes(started) if " leases " not in w[2]]
+    writers = [pod for pod, _ in itertools.groupby(w[1] for w in writes)]
+    assert writers == [leader, standby], [f"{w[0]:%T.%f} {w[1]} {w[2]}" for w in writes]
 
 
 def test_12_redis_pod_deleted_under_load_scoring_keeps_succeeding_and_the_cluster_heals(

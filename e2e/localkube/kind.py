@@ -14,9 +14,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localkube.tools import Cluster
+import yaml
+
+from localkube.tools import AUDIT_POLICY, Cluster
 
 KIND_CONFIG = Path(__file__).resolve().parent.parent / "kind-config.yaml"
+AUDIT_DIR = "/etc/kubernetes/audit"
+"""On the control-plane node: the audit policy and log (the API server pod mounts it)."""
 
 
 @dataclass
@@ -40,7 +44,7 @@ class KindCluster(Cluster):
                 "--name",
                 self.name,
                 "--config",
-                str(KIND_CONFIG),
+                str(self._config()),
                 "--kubeconfig",
                 str(self.kubeconfig),
                 f"--wait={int(timeout)}s",
@@ -49,6 +53,52 @@ class KindCluster(Cluster):
             timeout=timeout + 60,
         )
         return self
+
+    def _config(self) -> Path:
+        """``kind-config.yaml`` with the API server auditing (:data:`AUDIT_POLICY`), as in
+        kind's auditing guide: the policy mounted into the control-plane node, the log on
+        it."""
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        doc = yaml.safe_load(KIND_CONFIG.read_text())
+        control_plane = next(n for n in doc["nodes"] if n["role"] == "control-plane")
+        control_plane["extraMounts"] = [
+            {"hostPath": str(policy), "containerPath": AUDIT_DIR + "/policy.yaml", "readOnly": True}
+        ]
+        control_plane["kubeadmConfigPatches"] = [
+            yaml.safe_dump(
+                {
+                    "kind": "ClusterConfiguration",
+                    "apiServer": {
+                        "extraArgs": {
+                            "audit-policy-file": AUDIT_DIR + "/policy.yaml",
+                            "audit-log-path": AUDIT_DIR + "/audit.log",
+                        },
+                        "extraVolumes": [
+                            {
+                                "name": "audit",
+                                "hostPath": AUDIT_DIR,
+                                "mountPath": AUDIT_DIR,
+                                "readOnly": False,
+                                "pathType": "DirectoryOrCreate",
+                            }
+                        ],
+                    },
+                }
+            )
+        ]
+        path = self.workdir / "kind-config.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def _audit_log(self) -> str:
+        out = subprocess.run(
+            ["docker", "exec", f"{self.name}-control-plane", "cat", AUDIT_DIR + "/audit.log"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout
 
     def stop(self) -> None:
         subprocess.run(["kind", "delete", "cluster", "--name", self.name], check=False, timeout=300)

@@ -27,7 +27,7 @@ from localkube import pki
 from localkube.network import NODE_IP, NodeNetwork
 from localkube.node import NODE_NAME, NodeContext, RealNode
 from localkube.processes import Supervisor, free_port, tail, wait_for
-from localkube.tools import Cluster
+from localkube.tools import AUDIT_POLICY, Cluster
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 SERVICE_CIDR = "10.96.0.0/16"
@@ -72,6 +72,7 @@ class LocalCluster(Cluster):
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log = self.workdir / "audit.log"
         self.supervisor = Supervisor(self.log_dir, self.tie_to_parent)
         self.api_port = 0
         self.server = ""
@@ -108,7 +109,15 @@ class LocalCluster(Cluster):
             parts.append(f"----- {log.name} -----\n{tail(log, lines)}")
         return "\n".join(parts)
 
+    def _audit_log(self) -> str:
+        return self.audit_log.read_text() if self.audit_log.exists() else ""
+
     # ------------------------------------------------------------------ internals
+    def _audit_policy(self) -> Path:
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY))
+        return path
+
     def _client_kubeconfig(self, name: str, pair: pki.KeyPair) -> Path:
         path = self.workdir / f"{name}.kubeconfig"
         user = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
@@ -194,6 +203,9 @@ class LocalCluster(Cluster):
                     "--allow-privileged=true",
                     "--enable-priority-and-fairness=false",
                     "--profiling=false",
+                    f"--audit-policy-file={self._audit_policy()}",
+                    f"--audit-log-path={self.audit_log}",
+                    "--audit-log-format=json",
                 ]
             ),
         )

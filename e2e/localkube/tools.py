@@ -8,11 +8,31 @@ local control plane and kind.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {
+            "level": "Metadata",
+            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+            "userGroups": ["system:serviceaccounts"],
+        },
+        {"level": "None"},
+    ],
+}
+"""What the test clusters' API servers audit: every write by a workload's ServiceAccount
+(the operator's among them; not the control plane's own controllers), at ``Metadata`` level
+— who, from which pod, what, when."""
 
 
 class Cluster:
@@ -29,6 +49,13 @@ class Cluster:
 
     def logs(self, lines: int = 30) -> str:
         """The tail of every component's log (for failure reports)."""
+        raise NotImplementedError
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The API server's audit log so far (see :data:`AUDIT_POLICY`), oldest first."""
+        return [json.loads(line) for line in self._audit_log().splitlines() if line.strip()]
+
+    def _audit_log(self) -> str:
         raise NotImplementedError
 
     def kubectl(

@@ -25,6 +25,18 @@ def run(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0: off).")] = 8000,
     liveness_port: Annotated[int, typer.Option(help="Health endpoint port (0: off).")] = 8081,
+    lease: Annotated[
+        str,
+        typer.Option(
+            help="Elect a leader among replicas on this Lease (empty: this replica always leads)."
+        ),
+    ] = "",
+    lease_namespace: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the operator's own)."
+        ),
+    ] = "",
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -32,12 +44,14 @@ def run(
     if kubeconfig:  # before the kubernetes client is imported: it reads this once
         os.environ["KUBECONFIG"] = kubeconfig
     import asyncio
+    import contextlib
     import logging
 
     import kopf
     from prometheus_client import start_http_server
 
     from kvrank_operator import handlers
+    from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
 
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
@@ -45,15 +59,36 @@ def run(
     handlers.KUBECONFIG = kubeconfig
     if metrics_port:
         start_http_server(metrics_port)
+    election = None
+    if lease:
+        settings = ElectionSettings(lease=lease, namespace=lease_namespace or _own_namespace())
+        election = Election(settings, handlers.kube().api).start()
+        health = FollowerHealth(liveness_port, election) if liveness_port else None
+        with health or contextlib.nullcontext():
+            election.elected.wait()
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not namespace,
-            namespaces=namespace or [],
-            standalone=True,
-            liveness_endpoint=liveness,
+    try:
+        asyncio.run(
+            kopf.operator(
+                clusterwide=not namespace,
+                namespaces=namespace or [],
+                standalone=True,
+                liveness_endpoint=liveness,
+            )
         )
-    )
+    finally:
+        if election is not None:
+            election.release()
+
+
+def _own_namespace() -> str:
+    """The pod's namespace, from its service account mount."""
+    from pathlib import Path
+
+    mounted = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if not mounted.exists():
+        raise typer.BadParameter("no namespace for the Lease: pass --lease-namespace")
+    return mounted.read_text().strip()
 
 
 @app.command("release-finalizers")

@@ -147,3 +147,43 @@ def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:
     assert pod["serviceAccountName"] == "kvrank-operator-sa"
     assert "--namespace=ranking" in pod["containers"][0]["args"]
     assert "helm.sh/chart" not in dep["spec"]["selector"]["matchLabels"]
+
+
+def test_by_default_two_replicas_elect_one_leader_on_their_own_lease() -> None:
+    docs = render()
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2
+    assert "--lease=rel-kvrank-operator" in pod["containers"][0]["args"]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}  # old and new never overlap
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    (own,) = [d for d in docs if d["kind"] == "Role"]
+    rules = _rules(own)
+    assert rules[(("coordination.k8s.io",), ("leases",), ("rel-kvrank-operator",))] == {
+        "get",
+        "update",
+    }
+    assert rules[(("coordination.k8s.io",), ("leases",), ())] == {"create"}
+
+
+def test_without_leader_election_one_replica_runs_and_more_are_refused() -> None:
+    docs = render("--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert not any(
+        a.startswith("--lease") for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    (own,) = [d for d in docs if d["kind"] == "Role"]
+    assert not any(k[1] == ("leases",) for k in _rules(own))
+    out = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "leaderElection.enabled=false",
+        "--set",
+        "replicaCount=2",
+    )
+    assert out.returncode != 0 and "leaderElection.enabled" in out.stderr
