@@ -1,12 +1,20 @@
-"""kopf wiring: which events trigger a reconcile, the timers, and error mapping.
+"""kopf wiring: what wakes a RankerDeployment's reconciler, and error mapping.
 
-Thin by design: every handler calls :func:`reconcile.reconcile` (level-based) and copies its
-status and Events back. A ``SpecError`` never reaches kopf (it is a Degraded condition);
-API errors become ``TemporaryError`` so kopf retries with back-off.
+Each RankerDeployment has one reconciler (a kopf daemon) that runs
+:func:`reconcile.reconcile` (level-based), then the TTL tuner, writes what changed of the
+status and posts the Events. It runs when something it depends on changes — the spec, or an
+owned Deployment, StatefulSet, Job or Pod (watched with a server-side label selector, so the
+operator never sees anyone else's objects) — when a deadline it set passes (a retired cache
+namespace's purge, the TTL tuner's next measurement), and otherwise every ``RESYNC_S`` (a
+Redis node's health is no API event). Nothing here reconciles by itself, and a steady state
+costs no writes: only changed objects are applied and only changed status fields are sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import datetime as dt
 import logging
 import time
@@ -18,20 +26,32 @@ from prometheus_client import Counter, Histogram
 
 from kvrank_operator import crd
 from kvrank_operator.kube import Kube, load_client
-from kvrank_operator.reconcile import reconcile
+from kvrank_operator.reconcile import purges_due_in, reconcile
 from kvrank_operator.redis_cluster import check_and_heal
-from kvrank_operator.sources import tune_ttl
+from kvrank_operator.sources import next_measurement_in, tune_ttl
 
 log = logging.getLogger("kvrank_operator")
 RECONCILES = Counter(
     "kvrank_operator_reconciles", "Reconciles by trigger and result", ["trigger", "result"]
 )
 LATENCY = Histogram("kvrank_operator_reconcile_seconds", "Reconcile latency")
-RESYNC_S = 5.0
-"""Level-based resync: picks up pod readiness, grace periods and purge Jobs."""
+RESYNC_S = 30.0
+"""A RankerDeployment that nothing woke is reconciled this often: the managed Redis's health
+(asked of its nodes, not the API) and any watch event the operator missed."""
+SETTLE_S = 0.5
+"""After a wake-up, wait this long for the rest of a burst (a rollout changes a Deployment,
+its ReplicaSet's pods and their readiness within moments): one reconcile for all of it."""
+RETRY_S = 5.0
+"""After a failed reconcile (the API answered with an error), try again this soon."""
+OWNED = (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("batch", "v1", "jobs"))
+OWNED_SELECTOR = "app.kubernetes.io/managed-by=kvrank-operator"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
 
 _kube: Kube | None = None
 KUBECONFIG: str | None = None
+_wakers: dict[tuple[str, str], asyncio.Event] = {}
+"""(namespace, name) → the event its reconciler waits on."""
 
 
 def kube() -> Kube:
@@ -51,6 +71,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.level = logging.INFO
+    for group, version, plural in (*OWNED, ("", "v1", "pods")):
+        # the API server filters: the operator watches its own objects, not the cluster's
+        settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
     _upgrade_crd()
 
 
@@ -66,49 +89,109 @@ def _upgrade_crd() -> None:
         log.info("RankerDeployment CRD at this operator's schema (%s)", crd.VERSION)
 
 
-def _run(trigger: str, body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
-    started = time.monotonic()
+# ------------------------------------------------------------------------ wake-ups
+
+
+def _wake(namespace: str | None, name: str | None) -> None:
+    waker = _wakers.get((namespace or "", name or ""))
+    if waker is not None:
+        waker.set()
+
+
+@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
+def spec_changed(meta: kopf.Meta, **_: Any) -> None:
+    kube().forget_applied()  # a new spec: send everything once
+    _wake(meta.namespace, meta.name)
+
+
+def _owned_changed(meta: kopf.Meta, **_: Any) -> None:
+    _wake(meta.namespace, meta.labels.get(INSTANCE_LABEL))
+
+
+for _group, _version, _plural in OWNED:
+    kopf.on.event(_group, _version, _plural, labels={INSTANCE_LABEL: kopf.PRESENT})(_owned_changed)
+kopf.on.event("", "v1", "pods", labels={INSTANCE_LABEL: kopf.PRESENT})(_owned_changed)
+
+
+# ---------------------------------------------------------------------- reconciler
+
+
+@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_timeout=30.0)
+async def reconciler(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """One RankerDeployment's reconcile loop, from its creation (or the operator's start)
+    until its deletion."""
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    waker = _wakers[key] = asyncio.Event()
+    written: dict[str, Any] = {}  # status fields this loop wrote (the body may lag behind)
+    trigger = "start"
     try:
-        outcome = reconcile(
-            kube(),
-            dict(body),
-            dt.datetime.now(dt.UTC),
-            redis_health=check_and_heal,
-        )
+        while not stopped:
+            waker.clear()
+            snapshot = copy.deepcopy(dict(body))  # kopf updates the body as events arrive
+            delay, events = await asyncio.to_thread(_reconcile_once, snapshot, written, trigger)
+            for etype, reason, message in events:
+                (kopf.warn if etype == "Warning" else kopf.info)(
+                    body, reason=reason, message=message
+                )
+            woken = await _sleep(waker, stopped, delay)
+            trigger = "event" if woken else "resync"
+            if woken:
+                await asyncio.sleep(SETTLE_S)
+    finally:
+        _wakers.pop(key, None)
+
+
+async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> bool:
+    """Until ``delay`` passes, the reconciler is woken or stopped; whether it was woken."""
+    wait = asyncio.ensure_future(waker.wait())
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({wait, stop}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (wait, stop):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return waker.is_set()
+
+
+Event = tuple[str, str, str]
+"""(type, reason, message)"""
+
+
+def _reconcile_once(
+    body: dict[str, Any], written: dict[str, Any], trigger: str
+) -> tuple[float, list[Event]]:
+    """Reconcile, tune the TTL, send what changed of the status; returns the seconds until
+    the next deadline and the Events to post."""
+    started = time.monotonic()
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    current = {**(body.get("status") or {}), **written}
+    doc = {**body, "status": current}
+    now = dt.datetime.now(dt.UTC)
+    try:
+        outcome = reconcile(kube(), doc, now, redis_health=check_and_heal)
+        tuned = tune_ttl(kube(), {**doc, "status": outcome.status}, now) or {}
+        status = {**outcome.status, **tuned}
+        changed = {k: v for k, v in status.items() if current.get(k) != v}
+        if changed:
+            kube().patch_status(API_VERSION, crd.KIND, ns, name, changed)
+            written.update(changed)
     except ApiException as exc:
         RECONCILES.labels(trigger, "error").inc()
-        raise kopf.TemporaryError(f"Kubernetes API: {exc.status} {exc.reason}", delay=5) from exc
+        log.warning("reconcile of %s/%s: Kubernetes API %s %s", ns, name, exc.status, exc.reason)
+        return RETRY_S, []
+    except Exception:  # a bug must not leave this RankerDeployment unmanaged until a restart
+        RECONCILES.labels(trigger, "error").inc()
+        log.exception("reconcile of %s/%s failed", ns, name)
+        return RETRY_S, []
     finally:
         LATENCY.observe(time.monotonic() - started)
     RECONCILES.labels(trigger, "ok").inc()
-    current = dict(body).get("status") or {}
-    # only what changed: a steady state writes nothing (kopf sends no empty patch)
-    patch.status.update({k: v for k, v in outcome.status.items() if current.get(k) != v})
-    for etype, reason, message in outcome.events:
-        (kopf.warn if etype == "Warning" else kopf.info)(body, reason=reason, message=message)
-
-
-@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
-def on_change(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-    kube().forget_applied()  # a new spec, or the operator (re)starting: send everything
-    _run("change", body, patch, logger)
-
-
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
-def resync(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
-    _run("timer", body, patch, logger)
-    observed = tune_ttl(kube(), dict(body), dt.datetime.now(dt.UTC))
-    if observed is None:
-        return
-    for key, value in observed.items():
-        patch.status[key] = value
-    tuned = observed.get("ttl")
-    if tuned is not None:
-        kopf.info(
-            body,
-            reason="TTLUpdated",
-            message=f"cache TTL now {tuned['seconds']}s"
-            f" (mean interval {tuned.get('meanIntervalSeconds')}s, {tuned['source']})",
-        )
+    events = list(outcome.events)
+    if "ttl" in tuned:
+        t = tuned["ttl"]
+        why = f"mean interval {t.get('meanIntervalSeconds')}s, {t['source']}"
+        events.append(("Normal", "TTLUpdated", f"cache TTL now {t['seconds']}s ({why})"))
+    due = [RESYNC_S, next_measurement_in(doc, now), *purges_due_in(status, now)]
+    return max(0.0, min(due)), events

@@ -167,6 +167,17 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge ``status`` into the object's status (its ``status`` subresource)."""
+        self._res(api_version, kind).status.patch(
+            body={"status": status},
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
+
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         self.ledger.forget((api_version, kind, namespace, name))
         try:

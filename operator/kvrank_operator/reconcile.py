@@ -135,6 +135,16 @@ def reconcile(
     return out
 
 
+def purges_due_in(status: dict[str, Any], now: dt.datetime) -> list[float]:
+    """Seconds until each retired cache namespace is due for its purge (a deadline no API
+    event announces)."""
+    return [
+        (parse_iso(e["purgeAfter"]) - now).total_seconds()
+        for e in status.get("cacheNamespaces", [])
+        if e["state"] == "retired"
+    ]
+
+
 def _invalid(out: Outcome, exc: SpecError, gen: int, now: dt.datetime) -> Outcome:
     set_condition(out.status, "Degraded", True, "InvalidSpec", str(exc), gen, now)
     set_condition(

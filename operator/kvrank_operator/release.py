@@ -1,6 +1,6 @@
 """Handing RankerDeployments over before the operator goes away (``helm uninstall``).
 
-kopf puts a finalizer on every RankerDeployment (its resync timer needs one); without a
+kopf puts a finalizer on every RankerDeployment (its reconciler daemon needs one); without a
 running operator nothing would remove it, and deleting a RankerDeployment later would hang
 forever. So the chart's pre-delete hook runs :func:`release_all`: stop the operator (scale
 its Deployment to zero and wait for its pods to go, so it cannot put the finalizer back),

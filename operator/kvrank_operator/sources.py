@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -96,6 +97,18 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
 _MEASURED: dict[str, dt.datetime] = {}
 """RankerDeployment uid → when its pods were last measured (in memory: a measurement that
 changes nothing writes nothing; after a restart, status.observedAt tells)."""
+
+
+def next_measurement_in(body: dict[str, Any], now: dt.datetime) -> float:
+    """Seconds until :func:`tune_ttl` is due to measure again (``inf``: never)."""
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError:
+        return math.inf
+    last = _MEASURED.get(body["metadata"]["uid"])
+    if last is None:
+        return 0.0
+    return spec.ttl.interval_seconds - (now - last).total_seconds()
 
 
 def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:

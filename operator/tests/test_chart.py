@@ -90,7 +90,7 @@ def test_rbac_is_least_privilege() -> None:
     role = next(d for d in render() if d["kind"] == "ClusterRole")
     rules = _rules(role)
     assert rules[(("kvrank.io",), ("rankerdeployments",), ())] == {"get", "list", "watch", "patch"}
-    assert rules[(("",), ("pods",), ())] == {"list"}
+    assert rules[(("",), ("pods",), ())] == {"list", "watch"}
     assert rules[(("",), ("secrets",), ())] == {"get", "create", "patch"}  # never list or watch
     assert rules[(("",), ("configmaps",), ())] == {"create", "patch"}
     assert CRD_RULES.items() <= rules.items()

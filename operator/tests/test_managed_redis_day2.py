@@ -3,7 +3,7 @@
 Cluster-mode redis-server processes stand in for the StatefulSet's pods. A pod deleted with
 its ``emptyDir`` comes back as an empty node under a new id: here the same node is killed,
 its ``nodes.conf`` removed and started again. The operator's :func:`check_and_heal`, called
-repeatedly as the resync timer does, must report the outage (never "ok" while slots are
+repeatedly as the reconciler does, must report the outage (never "ok" while slots are
 uncovered) and bring the cluster back to every slot served, with the stale id forgotten.
 """
 
