@@ -58,6 +58,8 @@ RELEASE = "kvrank"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator,!app.kubernetes.io/component"
 """The operator's own pods (the chart's test and hook pods carry a component label)."""
 REDIS_SELECTOR = "app.kubernetes.io/component=redis"
+REDIS_TLS_DIR = "/run/redis-tls"
+"""Where a managed Redis pod with ``tls: true`` has its certificates."""
 ARTIFACTS = "artifacts"
 ARTIFACTS_PORT = 8000
 MODEL_CONFIG = ModelConfig(
@@ -467,9 +469,12 @@ class Stack:
             if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
         )
 
-    def redis_cli(self, pod: str, *args: str, check: bool = True) -> str:
-        """``redis-cli`` inside a managed Redis pod, with the password from its Secret."""
+    def redis_cli(self, pod: str, *args: str, check: bool = True, tls: bool = True) -> str:
+        """``redis-cli`` inside a managed Redis pod, with the password from its Secret (and
+        over TLS when the pod has its certificates, unless ``tls`` is false)."""
         quoted = " ".join(f"'{a}'" for a in args)
+        ca = f"{REDIS_TLS_DIR}/ca.crt"
+        use_tls = f'[ -f {ca} ] && tls="--tls --cacert {ca}"; ' if tls else ""
         return self.kubectl(
             "exec",
             "-n",
@@ -478,7 +483,7 @@ class Stack:
             "--",
             "sh",
             "-c",
-            f'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli {quoted}',
+            f'tls=""; {use_tls}REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli $tls {quoted}',
             check=check,
         )
 

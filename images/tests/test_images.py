@@ -46,6 +46,17 @@ def test_operator_image_prints_the_charts_crd(docker: Docker, images: Images) ->
     assert yaml.safe_load(out.stdout) == yaml.safe_load(crd.read_text())
 
 
+def test_operator_image_has_every_dependency_of_its_reconciler(
+    docker: Docker, images: Images
+) -> None:
+    # `crd` imports little; the reconciler (leader election, certificates, kopf) the rest
+    probe = "import kvrank_operator.handlers, kvrank_operator.leader; print('ok')"
+    out = docker(
+        "run", "--rm", "--read-only", "--entrypoint", "python", images.operator, "-c", probe
+    )
+    assert out.stdout.strip() == "ok", out.stderr
+
+
 def test_redis_image_serves_cluster_mode_and_carries_the_cli(
     docker: Docker, images: Images
 ) -> None:

@@ -221,6 +221,13 @@ REDIS = _obj(
             {"name": {"type": "string"}, "key": {"type": "string"}}, ["name", "key"]
         ),
         "tls": {"type": "boolean", "default": RedisSpec.tls},
+        "tlsSecretName": {
+            "type": "string",
+            "maxLength": 253,
+            "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+            "description": "A managed Redis's TLS Secret of your own (ca.crt, tls.crt, tls.key,"
+            " e.g. from cert-manager); empty: the operator generates one.",
+        },
     },
     None,
     **{
@@ -240,6 +247,11 @@ REDIS = _obj(
                 "must use rediss:// when cache.redis.tls is true",
                 ".url",
             ),
+            _rule(
+                "!has(self.tlsSecretName) || (self.mode == 'managed' && self.tls)",
+                "is only for a managed Redis with tls: true",
+                ".tlsSecretName",
+            ),
             {
                 # a managed cluster's topology is fixed once formed: the bootstrap Job forms
                 # it once, and slots are not migrated online
@@ -251,6 +263,16 @@ REDIS = _obj(
                 " topology and move traffic to it, or delete and re-create this one (its cache"
                 " starts empty)",
                 "fieldPath": ".shards",
+                "reason": "FieldValueForbidden",
+            },
+            {
+                # a cluster half on TLS cannot talk to itself (the bus is TLS too)
+                "rule": "self.mode != 'managed' || oldSelf.mode != 'managed'"
+                " || self.tls == oldSelf.tls",
+                "message": "tls of a live managed Redis Cluster cannot change: deploy a new"
+                " RankerDeployment with it, or delete and re-create this one (its cache starts"
+                " empty)",
+                "fieldPath": ".tls",
                 "reason": "FieldValueForbidden",
             },
         ]

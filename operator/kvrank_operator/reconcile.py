@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvrank_operator import manifests as m
+from kvrank_operator.certs import CA_FILE, redis_tls
 from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
@@ -70,9 +71,9 @@ def set_condition(
     )
 
 
-RedisHealthCheck = Callable[[list[str], str | None, int, int], Health]
-"""``(ip:port of each pod, password, expected nodes, replicas per shard) → Health`` (and
-heal a step)."""
+RedisHealthCheck = Callable[[list[str], str | None, int, int, str | None], Health]
+"""``(ip:port of each pod, password, expected nodes, replicas per shard, TLS CA or None) →
+Health`` (and heal a step)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class ObservedRedis:
     """The bootstrap Job succeeded once: from then on the nodes themselves are asked."""
     addresses: list[str]
     password: str | None
+    tls_ca: str | None = None
+    """The CA certificate (PEM) its nodes' TLS certificates are signed by; ``None``: no TLS."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ def reconcile(
         return _invalid(out, exc, gen, now)
     set_condition(status, "Degraded", False, "SpecValid", "spec is valid", gen, now)
     ttl = (status.get("ttl") or {}).get("seconds")
-    desired = m.desired_objects(spec, name, ns, ttl, secrets.token_urlsafe(24))
+    password = secrets.token_urlsafe(24)
+    desired = m.desired_objects(spec, name, ns, ttl, password, _new_tls(spec, name, ns, now))
     _apply(kube, desired, owner, out)
     seen = observe(kube, spec, name, ns)
     if any(version not in seen.deployments for version, _ in spec.versions()):
@@ -143,6 +147,15 @@ def purges_due_in(status: dict[str, Any], now: dt.datetime) -> list[float]:
         for e in status.get("cacheNamespaces", [])
         if e["state"] == "retired"
     ]
+
+
+def _new_tls(spec: RankerSpec, name: str, ns: str, now: dt.datetime) -> dict[str, str] | None:
+    """Fresh certificates for a managed Redis's TLS Secret, used only if it does not exist
+    yet (like the password; generating them takes half a millisecond)."""
+    r = spec.cache.redis
+    if r.mode != "managed" or not r.tls or r.tls_secret:
+        return None
+    return redis_tls(m.redis_name(name), m.tls_dns_names(name, ns), now)
 
 
 def _invalid(out: Outcome, exc: SpecError, gen: int, now: dt.datetime) -> Outcome:
@@ -189,7 +202,7 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         for j in kube.list("batch/v1", "Job", ns, m.labels(name, "purge"))
         if (j.get("status") or {}).get("succeeded")
     }
-    redis = _observe_redis(kube, name, ns) if spec.cache.redis.mode == "managed" else None
+    redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
     return Observed(deployments, serving, failures, finished, redis)
 
 
@@ -208,12 +221,13 @@ def _start_failure(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def _observe_redis(kube: Kube, name: str, ns: str) -> ObservedRedis:
+def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> ObservedRedis:
     sts = kube.get("apps/v1", "StatefulSet", ns, m.redis_name(name)) or {}
     job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
     formed = bool((job.get("status") or {}).get("succeeded"))
     addresses: list[str] = []
     password = None
+    tls_ca = None
     if formed:
         pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
         addresses = sorted(
@@ -224,13 +238,24 @@ def _observe_redis(kube: Kube, name: str, ns: str) -> ObservedRedis:
         secret = kube.get("v1", "Secret", ns, f"{m.redis_name(name)}-auth") or {}
         encoded = (secret.get("data") or {}).get("password")
         password = base64.b64decode(encoded).decode() if encoded else None
+        tls_ca = _tls_ca(kube, spec, name, ns)
     return ObservedRedis(
         want=(sts.get("spec") or {}).get("replicas", 0),
         ready=(sts.get("status") or {}).get("readyReplicas") or 0,
         formed=formed,
         addresses=addresses,
         password=password,
+        tls_ca=tls_ca,
     )
+
+
+def _tls_ca(kube: Kube, spec: RankerSpec, name: str, ns: str) -> str | None:
+    secret_name = m.tls_secret_name(name, spec.cache.redis)
+    if secret_name is None:
+        return None
+    secret = kube.get("v1", "Secret", ns, secret_name) or {}
+    encoded = (secret.get("data") or {}).get(CA_FILE)
+    return base64.b64decode(encoded).decode() if encoded else None
 
 
 # --------------------------------------------------------------------------------- act
@@ -446,6 +471,8 @@ def _cache_health(
     # formed once: from now on trust what the nodes say, not the Job
     r = spec.cache.redis
     nodes = redis.want or r.shards * (1 + r.replicas_per_shard)
-    health = redis_health(redis.addresses, redis.password, nodes, r.replicas_per_shard)
+    health = redis_health(
+        redis.addresses, redis.password, nodes, r.replicas_per_shard, redis.tls_ca
+    )
     health.message = f"managed Redis Cluster: {health.message}"
     return health

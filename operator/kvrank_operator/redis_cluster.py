@@ -256,10 +256,16 @@ def _ranges(indexes: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def check_and_heal(
-    addrs: list[str], password: str | None, expected: int, replicas_per_shard: int
+    addrs: list[str],
+    password: str | None,
+    expected: int,
+    replicas_per_shard: int,
+    tls_ca: str | None = None,
 ) -> Health:
     """Observe the cluster at ``addrs`` (``ip:port``), take one healing step when it is
-    unhealthy, and report its health as observed before that step."""
+    unhealthy, and report its health as observed before that step. ``tls_ca``: the nodes
+    speak TLS with certificates of this CA (PEM; the chain is checked, not the IP, which
+    no certificate names)."""
     import redis
 
     clients: dict[str, redis.Redis] = {}
@@ -273,6 +279,9 @@ def check_and_heal(
                 password=password,
                 socket_timeout=2,
                 socket_connect_timeout=2,
+                ssl=tls_ca is not None,
+                ssl_ca_data=tls_ca,
+                ssl_check_hostname=False,  # pod IPs: see kvrank_operator.certs
             )
         return clients[addr]
 

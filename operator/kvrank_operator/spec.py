@@ -86,6 +86,9 @@ class RedisSpec:
     cluster: bool = False
     password_secret: tuple[str, str] | None = None  # (name, key)
     tls: bool = False
+    """External: the URL is ``rediss://``. Managed: every connection to and between the
+    nodes is TLS, with a Secret the operator generates unless ``tls_secret`` names one."""
+    tls_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,7 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
         cluster=bool(r.get("cluster", RedisSpec.cluster)),
         password_secret=(secret["name"], secret["key"]) if secret else None,
         tls=bool(r.get("tls", RedisSpec.tls)),
+        tls_secret=r.get("tlsSecretName") or None,
     )
     try:
         if parse_quantity(redis.memory) <= 0:
@@ -303,6 +307,8 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
         raise SpecError("cache.redis.url", "must be empty when cache.redis.mode is managed")
     if redis.tls and redis.url and not redis.url.startswith("rediss://"):
         raise SpecError("cache.redis.url", "must use rediss:// when cache.redis.tls is true")
+    if redis.tls_secret and not (mode == "managed" and redis.tls):
+        raise SpecError("cache.redis.tlsSecretName", "is only for a managed Redis with tls: true")
     return CacheSpec(
         int(c.get("l1Bytes", CacheSpec.l1_bytes)),
         c.get("kvDtype", CacheSpec.kv_dtype),

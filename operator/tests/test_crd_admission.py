@@ -85,6 +85,11 @@ INVALID = [
     ),
     ("Redis memory 2GB", with_({"cache": {"redis": {"memory": "2GB"}}}), "spec.cache.redis.memory"),
     ("two shards", with_({"cache": {"redis": {"shards": 2}}}), "spec.cache.redis.shards"),
+    (
+        "a TLS Secret for a Redis without managed TLS",
+        with_({"cache": {"redis": {"tlsSecretName": "mine"}}}),
+        "spec.cache.redis.tlsSecretName",
+    ),
     ("negative L1 bytes", with_({"cache": {"l1Bytes": -1}}), "spec.cache.l1Bytes"),
     ("fixed TTL without seconds", with_({"ttl": {"mode": "fixed"}}), "spec.ttl.fixedSeconds"),
     (
@@ -128,6 +133,8 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         with_({"ttl": {"mode": "fixed", "fixedSeconds": 30}}),
         with_({"cache": {"redis": {"mode": "external", "url": "rediss://r:6380", "tls": True}}}),
         {"model": {**VALID["model"], "pod": POD_KNOBS}},
+        with_({"cache": {"redis": {"tls": True}}}),
+        with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
     ],
     ids=[
         "minimal",
@@ -137,8 +144,29 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "fixed TTL",
         "TLS",
         "every pod knob",
+        "managed TLS",
+        "managed TLS with a Secret of one's own",
     ],
 )
 def test_a_valid_spec_is_admitted(admit, spec) -> None:
     admitted, message = admit(spec)
     assert admitted, message
+
+
+def test_tls_of_a_live_managed_redis_cannot_change(cluster, admit) -> None:
+    doc = {
+        "apiVersion": "kvrank.io/v1alpha1",
+        "kind": "RankerDeployment",
+        "metadata": {"name": "tls-transition", "namespace": "default"},
+        "spec": with_({"cache": {"redis": {"mode": "managed"}}}),
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    try:
+        doc["spec"]["cache"]["redis"]["tls"] = True
+        out = cluster.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
+        )
+        assert out.returncode != 0 and "spec.cache.redis.tls" in out.stderr, out.stderr
+        assert "cannot change" in out.stderr
+    finally:
+        cluster.kubectl("delete", "rkd", "tls-transition", "-n", "default", "--wait=false")

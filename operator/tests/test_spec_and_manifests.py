@@ -45,6 +45,7 @@ def test_examples_parse() -> None:
             "cache.redis.url",
         ),
         ({"canary": {"version": "v2", "uri": "s3://bucket/v2"}}, "canary.uri"),
+        ({"cache": {"redis": {"tlsSecretName": "mine"}}}, "cache.redis.tlsSecretName"),
     ],
 )
 def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
@@ -334,3 +335,24 @@ def test_an_unchanged_object_is_not_sent_again_until_the_reapply_period() -> Non
     ledger.sent(key, digest)
     ledger.forget()
     assert ledger.needs_sending(key, digest)  # a new spec: everything goes out again
+
+
+def test_managed_tls_with_a_secret_of_ones_own_generates_none() -> None:
+    spec = parse_spec(
+        {
+            "model": {"version": "v1", "uri": "/m"},
+            "cache": {"redis": {"mode": "managed", "tls": True, "tlsSecretName": "from-cm"}},
+        }
+    )
+    objs = m.managed_redis(spec, "feed", "prod", "pw")
+    assert not [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-tls")]
+    pod = next(o for o in objs if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "from-cm", "defaultMode": 0o440}} in pod[
+        "volumes"
+    ]
+    dep = m.deployment(spec, "feed", "prod", "v1", "/m", 1, "stable")
+    volumes = dep["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "redis-tls",
+        "secret": {"secretName": "from-cm", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    } in volumes

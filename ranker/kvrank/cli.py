@@ -178,6 +178,13 @@ def cache_purge(
     redis: Annotated[str, typer.Option(help="Redis URL.", envvar="KVRANK_REDIS_URL")],
     cluster: Annotated[bool, typer.Option(help="The URL is a Redis Cluster.")] = False,
     max_keys_per_s: Annotated[float, typer.Option(help="Rate limit.")] = 50_000,
+    tls_ca_file: Annotated[
+        str | None,
+        typer.Option(help="rediss://: trust only this CA.", envvar="KVRANK_REDIS_TLS_CA_FILE"),
+    ] = None,
+    tls_check_hostname: Annotated[
+        bool, typer.Option(help="rediss://: the certificate must name the host (off: chain only).")
+    ] = True,
 ) -> None:
     """Remove every key of one cache namespace (SCAN + UNLINK on every master)."""
     import asyncio
@@ -186,7 +193,11 @@ def cache_purge(
     from kvrank.cache import RedisSettings, purge_namespace
 
     settings = RedisSettings(
-        redis, cluster=cluster, password=os.environ.get("KVRANK_REDIS_PASSWORD")
+        redis,
+        cluster=cluster,
+        password=os.environ.get("KVRANK_REDIS_PASSWORD"),
+        tls_ca_file=tls_ca_file,
+        tls_check_hostname=tls_check_hostname,
     )
     removed = asyncio.run(purge_namespace(settings, namespace, max_keys_per_s=max_keys_per_s))
     typer.echo(f"purged namespace {namespace!r}: {removed} keys removed")

@@ -17,6 +17,7 @@ from kvrank_operator.manifests.common import (
     redis_url,
     restricted_container,
     restricted_pod,
+    tls_secret_name,
     version_labels,
 )
 from kvrank_operator.manifests.desired import Desired, desired_objects
@@ -28,7 +29,7 @@ from kvrank_operator.manifests.ranker import (
     ranker_config,
     services,
 )
-from kvrank_operator.manifests.redis import bootstrap_script, managed_redis
+from kvrank_operator.manifests.redis import bootstrap_script, managed_redis, tls_dns_names
 
 __all__ = [
     "CONFIG_FILE",
@@ -50,5 +51,7 @@ __all__ = [
     "restricted_container",
     "restricted_pod",
     "services",
+    "tls_dns_names",
+    "tls_secret_name",
     "version_labels",
 ]

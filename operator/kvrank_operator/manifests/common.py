@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvrank_operator.spec import RankerSpec
+from kvrank_operator.certs import CA_FILE
+from kvrank_operator.spec import RankerSpec, RedisSpec
 
 NAME = "kvrank-ranker"
 CONFIG_MOUNT = "/etc/kvrank"
@@ -13,6 +14,8 @@ CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
 PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
 MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
+TLS_DIR = "/run/redis-tls"
+"""Where Redis pods mount their TLS Secret (and its clients only its ``ca.crt``)."""
 ADMIN_PORT = 8081
 """The rankers' /admin/* port: on the pods only, never behind the scoring Service."""
 BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
@@ -71,7 +74,31 @@ def redis_url(spec: RankerSpec, instance: str, namespace: str) -> tuple[str, boo
         assert r.url is not None
         return r.url, r.cluster
     host = f"{redis_name(instance)}-0.{redis_name(instance)}-headless.{namespace}.svc"
-    return f"redis://{host}:{REDIS_PORT}", True
+    return f"{'rediss' if r.tls else 'redis'}://{host}:{REDIS_PORT}", True
+
+
+def tls_secret_name(instance: str, r: RedisSpec) -> str | None:
+    """The managed Redis's TLS Secret (the user's, or the one the operator generates);
+    ``None`` without TLS."""
+    if not r.tls:
+        return None
+    return r.tls_secret or f"{redis_name(instance)}-tls"
+
+
+def tls_ca_mount(instance: str, r: RedisSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(volume, mount) of the managed Redis's CA certificate alone, for its clients."""
+    secret = tls_secret_name(instance, r)
+    if secret is None:
+        return None
+    items = [{"key": CA_FILE, "path": CA_FILE}]
+    volume = {"name": "redis-tls", "secret": {"secretName": secret, "items": items}}
+    return volume, {"name": "redis-tls", "mountPath": TLS_DIR, "readOnly": True}
+
+
+def managed_tls_ca(spec: RankerSpec) -> str | None:
+    """Where a managed Redis's clients find its CA certificate (``None``: no managed TLS)."""
+    r = spec.cache.redis
+    return f"{TLS_DIR}/{CA_FILE}" if r.mode == "managed" and r.tls else None
 
 
 def password_secret(spec: RankerSpec, instance: str) -> tuple[str, str] | None:

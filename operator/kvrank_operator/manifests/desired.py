@@ -1,9 +1,9 @@
 """Everything a ``RankerDeployment`` should own right now, as one list: the apply set.
 
-Pure: the typed spec, the TTL in force and a freshly generated Redis password (used only if
-the Secret does not exist yet) in; :class:`Desired` objects out, in the order they are
-applied. What is removed (old versions) and what is created over time (purge Jobs) depends
-on what is observed, so the reconciler decides those.
+Pure: the typed spec, the TTL in force and freshly generated Redis secrets (a password and,
+with TLS, certificates: used only if their Secrets do not exist yet) in; :class:`Desired`
+objects out, in the order they are applied. What is removed (old versions) and what is
+created over time (purge Jobs) depends on what is observed, so the reconciler decides those.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Desired:
     obj: dict[str, Any]
     create_only: bool = False
     """Created when absent, never updated: Job templates are immutable, and a Secret's
-    generated password must never be replaced under running pods."""
+    generated password or certificates must never be replaced under running pods."""
 
     @property
     def kind(self) -> str:
@@ -29,11 +29,16 @@ class Desired:
 
 
 def desired_objects(
-    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None, password: str
+    spec: RankerSpec,
+    instance: str,
+    namespace: str,
+    ttl_s: float | None,
+    password: str,
+    tls: dict[str, str] | None = None,
 ) -> list[Desired]:
     out = [Desired(config_map(spec, instance, namespace, ttl_s))]
     if spec.cache.redis.mode == "managed":
-        for obj in managed_redis(spec, instance, namespace, password):
+        for obj in managed_redis(spec, instance, namespace, password, tls):
             out.append(Desired(obj, create_only=obj["kind"] in ("Secret", "Job")))
     for version, role in spec.versions():
         uri, sha256 = spec.artifact_of(role)

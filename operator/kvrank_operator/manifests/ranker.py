@@ -18,10 +18,12 @@ from kvrank_operator.manifests.common import (
     PURGE_RESOURCES,
     deployment_name,
     labels,
+    managed_tls_ca,
     password_secret,
     redis_url,
     restricted_container,
     restricted_pod,
+    tls_ca_mount,
     version_labels,
 )
 from kvrank_operator.spec import MODELS_MOUNT, RankerSpec, namespace_for
@@ -36,6 +38,9 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
     redis: dict[str, Any] = {"url": url, "cluster": cluster}
     if password_secret(spec, instance):
         redis["password_file"] = PASSWORD_FILE
+    ca = managed_tls_ca(spec)
+    if ca:  # its own CA, its nodes announce pod IPs: see kvrank_operator.certs
+        redis.update(tls_ca_file=ca, tls_check_hostname=False)
     fixed = spec.ttl.fixed_seconds if spec.ttl.mode == "fixed" else ttl_s
     doc = {
         "l1_bytes": spec.cache.l1_bytes,
@@ -180,6 +185,10 @@ def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], lis
         mounts.append(
             {"name": "redis-auth", "mountPath": f"{CONFIG_MOUNT}/redis", "readOnly": True}
         )
+    ca = tls_ca_mount(instance, spec.cache.redis) if managed_tls_ca(spec) else None
+    if ca:
+        volumes.append(ca[0])
+        mounts.append(ca[1])
     return volumes, mounts
 
 
@@ -284,6 +293,10 @@ def purge_job(
     args = ["cache", "purge", "--namespace", cache_ns, "--redis", url]
     if cluster:
         args.append("--cluster")
+    ca = managed_tls_ca(spec)
+    if ca:
+        args += ["--tls-ca-file", ca, "--no-tls-check-hostname"]
+    ca_mount = tls_ca_mount(instance, spec.cache.redis) if ca else None
     env: list[dict[str, Any]] = []
     secret = password_secret(spec, instance)
     if secret:
@@ -317,8 +330,10 @@ def purge_job(
                             "env": env,
                             "resources": PURGE_RESOURCES,
                             "securityContext": restricted_container(),
+                            **({"volumeMounts": [ca_mount[1]]} if ca_mount else {}),
                         }
                     ],
+                    **({"volumes": [ca_mount[0]]} if ca_mount else {}),
                 },
             },
         },

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
     REDIS_PORT,
+    TLS_DIR,
     labels,
     redis_name,
     restricted_container,
     restricted_pod,
+    tls_ca_mount,
+    tls_secret_name,
 )
 from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
 
@@ -30,46 +34,76 @@ START_REDIS = (
 """The password is written by the shell's builtin ``printf``: no process sees it in argv."""
 
 
-def bootstrap_script(replicas_per_shard: int) -> str:
+def redis_cli(tls_ca: str | None) -> str:
+    """The ``redis-cli`` command line, over TLS verified against ``tls_ca`` when given."""
+    return f"redis-cli --tls --cacert {tls_ca}" if tls_ca else "redis-cli"
+
+
+def bootstrap_script(replicas_per_shard: int, tls_ca: str | None = None) -> str:
     """Forms the managed Redis Cluster from ``$NODES`` (``host:port`` …), idempotently: waits
     for every node, does nothing when all 16384 slots are assigned, refuses to re-create
     over a node that holds data, then ``redis-cli --cluster create`` and waits until every
-    node reports ``cluster_state:ok`` (the Job's success means the cluster is usable)."""
+    node reports ``cluster_state:ok`` (the Job's success means the cluster is usable).
+    ``tls_ca``: the nodes speak TLS only, signed by this CA."""
+    cli = redis_cli(tls_ca)
     return (
         # redis-cli reads the password from REDISCLI_AUTH: it never shows in a process list
         'set -eu\nexport REDISCLI_AUTH="$REDIS_PASSWORD"\n'
-        'for h in $NODES; do until redis-cli -h "${h%:*}" -p "${h##*:}" ping; do sleep 2;'
+        f'for h in $NODES; do until {cli} -h "${{h%:*}}" -p "${{h##*:}}" ping; do sleep 2;'
         " done; done\n"
         'first="${NODES%% *}"\n'
-        'if redis-cli -h "${first%:*}" -p "${first##*:}" cluster info'
+        f'if {cli} -h "${{first%:*}}" -p "${{first##*:}}" cluster info'
         ' | grep -q "cluster_slots_assigned:16384"; then\n'
         '  echo "cluster already formed: nothing to do"; exit 0; fi\n'
         "for h in $NODES; do\n"
-        '  keys=$(redis-cli -h "${h%:*}" -p "${h##*:}" dbsize)\n'
+        f'  keys=$({cli} -h "${{h%:*}}" -p "${{h##*:}}" dbsize)\n'
         '  if [ "$keys" != "0" ]; then\n'
         '    echo "node $h holds $keys keys: refusing to re-create"; exit 1; fi\n'
         "done\n"
-        f"redis-cli --cluster create $NODES --cluster-replicas {replicas_per_shard}"
+        f"{cli} --cluster create $NODES --cluster-replicas {replicas_per_shard}"
         " --cluster-yes\n"
         # done means usable: every node has agreed on the new configuration
         "for h in $NODES; do\n"
-        '  until redis-cli -h "${h%:*}" -p "${h##*:}" cluster info'
+        f'  until {cli} -h "${{h%:*}}" -p "${{h##*:}}" cluster info'
         ' | grep -q "cluster_state:ok"; do sleep 1; done; done\n'
         'echo "cluster formed"\n'
     )
 
 
+def tls_dns_names(instance: str, namespace: str) -> list[str]:
+    """What the nodes' certificate names: every pod behind the headless Service."""
+    headless = f"{redis_name(instance)}-headless.{namespace}.svc"
+    return [f"*.{headless}", f"*.{headless}.cluster.local", headless]
+
+
 def managed_redis(
-    spec: RankerSpec, instance: str, namespace: str, password: str
+    spec: RankerSpec,
+    instance: str,
+    namespace: str,
+    password: str,
+    tls: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """ConfigMap + auth Secret + headless Service + StatefulSet + bootstrap Job +
-    NetworkPolicy + PDB, in the order they are applied."""
+    """ConfigMap + auth Secret (+ TLS Secret) + headless Service + StatefulSet + bootstrap
+    Job + NetworkPolicy + PDB, in the order they are applied. ``tls``: freshly generated
+    material for the TLS Secret (used when TLS is on without a Secret of the user's)."""
     r, name = spec.cache.redis, redis_name(instance)
     rl = labels(instance, "redis")
 
     def meta(suffix: str = "") -> dict[str, Any]:
         return {"name": name + suffix, "namespace": namespace, "labels": rl}
 
+    generated_tls = []
+    if r.tls and not r.tls_secret:
+        assert tls is not None, "managed Redis with TLS needs generated material"
+        generated_tls.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": meta("-tls"),
+                "type": "kubernetes.io/tls",
+                "stringData": tls,
+            }
+        )
     return [
         {
             "apiVersion": "v1",
@@ -84,6 +118,7 @@ def managed_redis(
             "type": "Opaque",
             "stringData": {"password": password},
         },
+        *generated_tls,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -102,7 +137,7 @@ def managed_redis(
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": meta(),
-            "spec": _sts(r, name, rl),
+            "spec": _sts(r, instance, rl),
         },
         _bootstrap_job(r, instance, namespace, meta("-bootstrap")),
         {
@@ -131,6 +166,18 @@ def _redis_conf(r: RedisSpec) -> str:
         "cluster-node-timeout 5000\nappendonly "
         + ("yes" if r.persistence else "no")
         + f"\nmaxmemory {parse_quantity(r.memory) * 9 // 10}\nmaxmemory-policy allkeys-lru\n"
+        + (tls_conf(TLS_DIR) if r.tls else "")
+    )
+
+
+def tls_conf(directory: str) -> str:
+    """TLS only, on the usual ports: clients, replication and the cluster bus. Clients prove
+    themselves with the password, not with a certificate."""
+    return (
+        f"port 0\ntls-port {REDIS_PORT}\n"
+        f"tls-cert-file {directory}/{CERT_FILE}\ntls-key-file {directory}/{KEY_FILE}\n"
+        f"tls-ca-cert-file {directory}/{CA_FILE}\n"
+        "tls-auth-clients no\ntls-replication yes\ntls-cluster yes\n"
     )
 
 
@@ -139,8 +186,12 @@ def _auth_env(name: str) -> list[dict[str, Any]]:
     return [{"name": "REDIS_PASSWORD", "valueFrom": secret}]
 
 
-def _sts(r: RedisSpec, name: str, rl: dict[str, str]) -> dict[str, Any]:
+def _sts(r: RedisSpec, instance: str, rl: dict[str, str]) -> dict[str, Any]:
     """Parallel start (the bootstrap Job waits for all); emptyDir data unless persistent."""
+    name = redis_name(instance)
+    tls_secret = tls_secret_name(instance, r)
+    # group-readable: the key file belongs to root, the pod's fsGroup is redis's group
+    tls = [{"name": "tls", "secret": {"secretName": tls_secret, "defaultMode": 0o440}}]
     sts: dict[str, Any] = {
         "serviceName": f"{name}-headless",
         "replicas": _nodes(r),
@@ -164,6 +215,7 @@ def _sts(r: RedisSpec, name: str, rl: dict[str, str]) -> dict[str, Any]:
                 "volumes": [
                     {"name": "conf", "configMap": {"name": f"{name}-conf"}},
                     {"name": "auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    *(tls if tls_secret else []),
                     *([] if r.persistence else [{"name": "data", "emptyDir": {}}]),
                 ],
             },
@@ -180,7 +232,9 @@ def _scheduling(r: RedisSpec) -> dict[str, Any]:
 
 
 def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
-    ping = 'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli ping'
+    ca = f"{TLS_DIR}/{CA_FILE}" if r.tls else None
+    ping = f'REDISCLI_AUTH="$REDIS_PASSWORD" {redis_cli(ca)} ping'
+    tls = [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if r.tls else []
     return {
         "name": "redis",
         "image": r.image,
@@ -196,6 +250,7 @@ def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "conf", "mountPath": "/conf"},
             {"name": "auth", "mountPath": AUTH_DIR},
+            *tls,
             {"name": "data", "mountPath": "/data"},
         ],
         "securityContext": restricted_container(),
@@ -210,14 +265,21 @@ def _bootstrap_job(
     hosts = " ".join(
         f"{name}-{i}.{name}-headless.{namespace}.svc:{REDIS_PORT}" for i in range(_nodes(r))
     )
-    container = {
+    ca = tls_ca_mount(instance, r)
+    container: dict[str, Any] = {
         "name": "bootstrap",
         "image": r.image,
         "env": [*_auth_env(name), {"name": "NODES", "value": hosts}],
-        "command": ["sh", "-c", bootstrap_script(r.replicas_per_shard)],
+        "command": [
+            "sh",
+            "-c",
+            bootstrap_script(r.replicas_per_shard, f"{TLS_DIR}/{CA_FILE}" if ca else None),
+        ],
         "resources": BOOTSTRAP_RESOURCES,
         "securityContext": restricted_container(),
     }
+    if ca:
+        container["volumeMounts"] = [ca[1]]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -230,6 +292,7 @@ def _bootstrap_job(
                     "restartPolicy": "OnFailure",
                     "securityContext": restricted_pod(REDIS_UID),
                     "containers": [container],
+                    **({"volumes": [ca[0]]} if ca else {}),
                 },
             },
         },

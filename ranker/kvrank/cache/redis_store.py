@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key, namespace_pattern
@@ -69,6 +69,11 @@ class RedisSettings:
     cluster: bool = False
     password: str | None = None
     tls_ca_file: str | None = None
+    """``rediss://``: trust only this CA (default: the system's)."""
+    tls_check_hostname: bool = True
+    """``rediss://``: the certificate must name the host dialled. Off only with a private CA
+    whose every certificate belongs to this cluster (its nodes announce IPs, which no
+    certificate names); the chain is verified either way."""
     op_timeout_s: float = 0.02
     """Per read/write of one entry; small entries take well under 1 ms on a LAN."""
     connect_timeout_s: float = 0.2
@@ -96,6 +101,8 @@ def make_client(settings: RedisSettings) -> Any:
     }
     if settings.tls_ca_file:
         kwargs["ssl_ca_certs"] = settings.tls_ca_file
+    if settings.url.startswith("rediss://"):
+        kwargs["ssl_check_hostname"] = settings.tls_check_hostname
     if settings.cluster:
         kwargs.pop("max_connections")
         return RedisCluster.from_url(settings.url, **kwargs)
@@ -146,7 +153,7 @@ class RedisStore:
             pattern = entry_prefix(namespace, model_version, user_id) + "*"
             async for key in self.client.scan_iter(match=pattern, count=500):
                 keys.append(key.decode() if isinstance(key, bytes) else str(key))
-        except (OSError, RedisError):
+        except (OSError, RedisError, RedisClusterException):
             pass  # best effort while L2 is failing: what was found is still removed
         removed = sum([await self._unlink(k) for k in keys])
         await self._unlink(head_key(namespace, model_version, user_id))
@@ -188,7 +195,9 @@ class RedisStore:
             return UNAVAILABLE
         try:
             result = await asyncio.wait_for(op(), timeout or self.settings.op_timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        # a cluster client that cannot reach any node raises RedisClusterException, which is
+        # no RedisError
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             self.stats.errors += 1
             was_open = self.breaker.state == "open"
             self.breaker.failure()

@@ -68,6 +68,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
                 cluster=cfg.redis.cluster,
                 password=redis_password(cfg.redis),
                 tls_ca_file=cfg.redis.tls_ca_file,
+                tls_check_hostname=cfg.redis.tls_check_hostname,
                 op_timeout_s=cfg.redis.op_timeout_ms / 1e3,
             )
         )

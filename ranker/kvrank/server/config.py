@@ -39,7 +39,10 @@ class RedisConfig(BaseModel):
     password: SecretStr | None = Field(
         None, exclude=True, description="From KVRANK_REDIS_PASSWORD only (never the file)."
     )
-    tls_ca_file: str | None = None
+    tls_ca_file: str | None = Field(None, description="rediss://: trust only this CA file.")
+    tls_check_hostname: bool = Field(
+        True, description="rediss://: the certificate must name the host (off: chain only)."
+    )
     op_timeout_ms: float = Field(20.0, gt=0, le=10_000)
 
 

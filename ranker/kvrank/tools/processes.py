@@ -67,21 +67,30 @@ class RedisServer:
     workdir: Path
     cluster: bool = False
     password: str | None = None
+    conf: str = ""
+    """Directives loaded before the command line's (which win)."""
+    tls_ca: Path | None = None
+    """Serve TLS only (the certificates come with ``conf``); clients trust this CA."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"{'rediss' if self.tls_ca else 'redis'}://127.0.0.1:{self.port}"
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (`make services` installs it)")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "redis.conf"
+        conf.write_text(self.conf)
+        ports = ["--port", "0", "--tls-port", str(self.port)] if self.tls_ca else []
         args = [
             binary,
+            str(conf),
             "--port",
             str(self.port),
+            *ports,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -127,6 +136,7 @@ class RedisServer:
         return subprocess.run(
             [
                 "redis-cli",
+                *(["--tls", "--cacert", str(self.tls_ca)] if self.tls_ca else []),
                 "-p",
                 str(self.port),
                 *(["-a", self.password, "--no-auth-warning"] if self.password else []),

@@ -49,6 +49,20 @@ async def test_outage_is_a_fast_miss_and_heals(spawn_redis) -> None:
         server.stop()
 
 
+async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis) -> None:
+    # a cluster client that reaches no node at start raises no RedisError of its own
+    server = spawn_redis()
+    server.stop()
+    store = RedisStore(RedisSettings(server.url, cluster=True, op_timeout_s=0.5))
+    try:
+        assert await store.get(k("u")) is None
+        assert not await store.put(k("u"), b"entry", ttl_s=30, events=1)
+        assert await store.delete_user("ns", "v1", "u") == 0
+        assert store.stats.errors >= 2
+    finally:
+        await store.close()
+
+
 async def test_purge_removes_one_namespace_on_every_cluster_master(redis_cluster) -> None:
     redis_cluster.flush()
     settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0)
