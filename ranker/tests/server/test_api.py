@@ -214,6 +214,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_MAX_BODY_BYTES": "2048",
         "KVRANK_TTL_JITTER": "0.2",
         "KVRANK_MODEL_SHA256": "ab" * 32,
+        "KVRANK_REDIS_TLS_CHECK_HOSTNAME": "false",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(
