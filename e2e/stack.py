@@ -644,11 +644,13 @@ class LocalStack(Stack):
 class PodTargets:
     """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
 
-    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what that
-    discovery plus the usual relabelling would give: every Running pod annotated
-    ``prometheus.io/scrape: "true"`` at ``podIP:prometheus.io/port``, labelled with
-    ``kubernetes_namespace``, ``instance_name`` and ``pod``. It lists pods with Prometheus'
-    own ServiceAccount token, so its RBAC is exercised as in a cluster.
+    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what a
+    kube-prometheus-stack PodMonitor with ``podTargetLabels: [app.kubernetes.io/instance,
+    kvrank.io/version]`` gives: every Running pod annotated ``prometheus.io/scrape: "true"``
+    at ``podIP:prometheus.io/port``, with the target labels ``namespace``, ``pod``,
+    ``container``, ``endpoint``, ``job`` and the two pod labels in Prometheus' spelling. It
+    lists pods with Prometheus' own ServiceAccount token, so its RBAC is exercised as in a
+    cluster.
     """
 
     def __init__(self, kubeconfig: Path, namespace: str, out: Path) -> None:
@@ -695,9 +697,13 @@ class PodTargets:
                 {
                     "targets": [f"{st['pod_ip']}:{ann.get('prometheus.io/port', '8080')}"],
                     "labels": {
-                        "kubernetes_namespace": meta["namespace"],
-                        "instance_name": labels.get("app.kubernetes.io/instance", ""),
+                        "namespace": meta["namespace"],
                         "pod": meta["name"],
+                        "container": pod["spec"]["containers"][0]["name"],
+                        "endpoint": "metrics",
+                        "job": f"{meta['namespace']}/{labels.get('app.kubernetes.io/instance')}",
+                        "app_kubernetes_io_instance": labels.get("app.kubernetes.io/instance", ""),
+                        "kvrank_io_version": labels.get("kvrank.io/version", ""),
                     },
                 }
             )

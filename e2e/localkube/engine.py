@@ -128,23 +128,45 @@ def build_images(docker: Docker) -> Images:
         docker.env,
         2400,
     )
-    # kvrank images that builds untagged would pile up (gigabytes each) in a reused data
-    # root; those of the last day stay: the wheel stage among them is the next build's cache,
-    # so an unchanged tree builds the same image ids (and the node imports nothing again)
-    docker(
-        "image",
-        "prune",
-        "--force",
-        "--filter",
-        "label=org.opencontainers.image.vendor=kvrank",
-        "--filter",
-        "until=24h",
-    )
+    prune_old_stages(docker)
     return Images(
         f"ghcr.io/kvrank/ranker:{TAG}",
         f"ghcr.io/kvrank/operator:{TAG}",
         f"ghcr.io/kvrank/redis:{TAG}",
     )
+
+
+def prune_old_stages(docker: Docker) -> None:
+    """Remove the untagged kvrank images (build stages) of every build but the last.
+
+    Each build leaves a ``wheel`` stage per image untagged; in a reused data root they pile
+    up at gigabytes each (a dependency change adds a new torch layer). The last build's stay:
+    they are the next build's cache, so an unchanged tree builds the same image ids (and the
+    node imports nothing again).
+    """
+    listed = docker(
+        "images",
+        "--quiet",
+        "--no-trunc",
+        "--filter",
+        "dangling=true",
+        "--filter",
+        "label=org.opencontainers.image.vendor=kvrank",
+    ).stdout.split()  # newest first
+    seen: set[str] = set()
+    for image in dict.fromkeys(listed):
+        title = docker(
+            "image",
+            "inspect",
+            "--format",
+            '{{index .Config.Labels "org.opencontainers.image.title"}}',
+            image,
+            check=False,
+        ).stdout.strip()
+        if title not in seen:
+            seen.add(title)  # the newest of this image's stages: the next build's cache
+            continue
+        docker("image", "rm", image, check=False)  # one still in use by another stays
 
 
 def python_base(docker: Docker) -> str:

@@ -37,6 +37,9 @@ def run(
             envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the operator's own)."
         ),
     ] = "",
+    log_format: Annotated[
+        str, typer.Option(envvar="LOG_FORMAT", help="json (one object per line) or text.")
+    ] = "json",
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -53,9 +56,14 @@ def run(
     from kvrank_operator import handlers
     from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
 
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s"
+    if log_format not in ("json", "text"):
+        raise typer.BadParameter("json or text", param_hint="--log-format")
+    # kopf's formatter: with json, each line is an object that names the resource it is about
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
+        log_refkey="k8s",
     )
+    logging.getLogger().setLevel(os.environ.get("LOG_LEVEL", "INFO"))
     handlers.KUBECONFIG = kubeconfig
     if metrics_port:
         start_http_server(metrics_port)

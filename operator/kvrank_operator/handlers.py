@@ -179,7 +179,14 @@ def _reconcile_once(
             written.update(changed)
     except ApiException as exc:
         RECONCILES.labels(trigger, "error").inc()
-        log.warning("reconcile of %s/%s: Kubernetes API %s %s", ns, name, exc.status, exc.reason)
+        log.warning(  # the API's own words say what it refused
+            "reconcile of %s/%s: Kubernetes API %s %s: %s",
+            ns,
+            name,
+            exc.status,
+            exc.reason,
+            str(exc.body or "")[:500],
+        )
         return RETRY_S, []
     except Exception:  # a bug must not leave this RankerDeployment unmanaged until a restart
         RECONCILES.labels(trigger, "error").inc()

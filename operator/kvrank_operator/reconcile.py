@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import CA_FILE, redis_tls
 from kvrank_operator.clock import iso, parse_iso
+from kvrank_operator.conditions import set_condition
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
 from kvrank_operator.redis_cluster import Health
@@ -40,35 +42,6 @@ API = "kvrank.io/v1alpha1"
 class Outcome:
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-
-
-def set_condition(
-    status: dict[str, Any],
-    ctype: str,
-    ok: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: dt.datetime,
-) -> None:
-    conds = status.setdefault("conditions", [])
-    value = "True" if ok else "False"
-    for c in conds:
-        if c["type"] == ctype:
-            if c["status"] != value:
-                c["lastTransitionTime"] = iso(now)
-            c.update(status=value, reason=reason, message=message, observedGeneration=generation)
-            return
-    conds.append(
-        {
-            "type": ctype,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "observedGeneration": generation,
-            "lastTransitionTime": iso(now),
-        }
-    )
 
 
 RedisHealthCheck = Callable[[list[str], str | None, int, int, str | None], Health]
@@ -216,9 +189,19 @@ def _start_failure(pod: dict[str, Any]) -> str | None:
             ended = state.get("terminated") or {}
             if ended.get("exitCode"):
                 lines = [ln for ln in (ended.get("message") or "").splitlines() if ln.strip()]
-                reason = lines[-1] if lines else ended.get("reason") or "exited"
+                reason = _log_message(lines[-1]) if lines else ended.get("reason") or "exited"
                 return f"{reason[:300]} (exit code {ended['exitCode']})"
     return None
+
+
+def _log_message(line: str) -> str:
+    """A log line's message: the ``message`` of a JSON line (the ranker's format), else the
+    line."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return line
+    return str(doc.get("message", line)) if isinstance(doc, dict) else line
 
 
 def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> ObservedRedis:

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 import math
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -19,10 +20,17 @@ from typing import Any
 
 from kvrank_operator import manifests as m
 from kvrank_operator.clock import iso, parse_iso
+from kvrank_operator.conditions import set_condition
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
 from kvrank_operator.spec import RankerSpec, parse_spec
-from kvrank_operator.ttl import HIT_RATIO_METRIC, INTERVAL_METRIC, next_ttl, parse_gauge
+from kvrank_operator.ttl import (
+    HIT_RATIO_METRIC,
+    INTERVAL_METRIC,
+    REQUESTS_METRIC,
+    next_ttl,
+    parse_gauge,
+)
 
 log = logging.getLogger("kvrank_operator.sources")
 TIMEOUT_S = 3.0
@@ -34,6 +42,9 @@ class Observed:
     """Mean per-user request interval, averaged over pods that measured one."""
     hit_ratio: float | None = None
     """Share of requests served from a cache, averaged over pods."""
+    problem: tuple[str, str] | None = None
+    """``(reason, message)`` when no interval could be measured: the ``TTLSource``
+    condition says why (never only a log line)."""
 
 
 def _mean(values: list[float]) -> float | None:
@@ -63,29 +74,56 @@ def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
             continue
         means += parse_gauge(text, INTERVAL_METRIC, positive=True)
         ratios += parse_gauge(text, HIT_RATIO_METRIC)
-    return Observed(_mean(means), _mean(ratios))
+    problem = None
+    if not means:
+        why = f"none of {len(pods)} ranker pods has measured a user's request interval yet"
+        problem = ("NoData", why)
+    return Observed(_mean(means), _mean(ratios), problem)
 
 
-def _query(url: str, query: str) -> float | None:
+Problem = tuple[str, str]
+
+
+def instant_query(url: str, query: str) -> tuple[float | None, Problem | None]:
+    """One instant query's first value, or why there is none."""
     full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     try:
         with urllib.request.urlopen(full, timeout=TIMEOUT_S) as resp:
             doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # Prometheus answers a bad query with 400
+        return None, ("QueryFailed", f"{query}: HTTP {exc.code} from {url}")
     except (OSError, ValueError) as exc:
-        log.warning("prometheus query failed: %s", exc)
-        return None
+        return None, ("PrometheusUnreachable", f"{url}: {exc}")
     results = doc.get("data", {}).get("result", [])
-    return float(results[0]["value"][1]) if results else None
+    if not results:
+        return None, ("NoData", f"no series for {query} (is a PodMonitor scraping the pods?)")
+    value = float(results[0]["value"][1])
+    if not math.isfinite(value):  # 0/0 of a ratio of rates without traffic: NaN
+        return None, ("NoData", f"{query} is {value} (no requests in its window?)")
+    return value, None
+
+
+PROMETHEUS_SELECTOR = '{{namespace="{ns}",app_kubernetes_io_instance="{name}"}}'
+"""The series of one RankerDeployment's pods, by the target labels a PodMonitor (or
+ServiceMonitor) of kube-prometheus-stack gives them: ``namespace`` (the pod's) and, through
+``podTargetLabels: [app.kubernetes.io/instance]``, the instance label the operator puts on
+every ranker pod."""
+HIT_RATIO_WINDOW = "2m"
+"""The hit ratio published is over this window (a lifetime ratio could not show a drop)."""
 
 
 def from_prometheus(url: str, name: str, ns: str) -> Observed:
-    def avg(metric: str, cond: str) -> str:
-        sel = f'{metric}{{kubernetes_namespace="{ns}",instance_name="{name}"}}'
-        return f"avg({sel}{cond})"
-
-    return Observed(
-        _query(url, avg(INTERVAL_METRIC, " > 0")), _query(url, avg(HIT_RATIO_METRIC, ""))
+    sel = PROMETHEUS_SELECTOR.format(ns=ns, name=name)
+    cached = f'{sel[:-1]},outcome=~"l1|l2|incremental"}}'
+    served = f'{sel[:-1]},outcome!="none"}}'
+    window = HIT_RATIO_WINDOW
+    mean, problem = instant_query(url, f"avg({INTERVAL_METRIC}{sel} > 0)")
+    ratio, _ = instant_query(
+        url,
+        f"sum(rate({REQUESTS_METRIC}{cached}[{window}]))"
+        f" / sum(rate({REQUESTS_METRIC}{served}[{window}]))",
     )
+    return Observed(mean, ratio, problem)
 
 
 def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
@@ -97,6 +135,22 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
 _MEASURED: dict[str, dt.datetime] = {}
 """RankerDeployment uid → when its pods were last measured (in memory: a measurement that
 changes nothing writes nothing; after a restart, status.observedAt tells)."""
+
+
+def source_condition(
+    status: dict[str, Any], seen: Observed, spec: RankerSpec, generation: int, now: dt.datetime
+) -> list[dict[str, Any]]:
+    """The conditions with ``TTLSource`` set from this measurement."""
+    copy = {"conditions": [dict(c) for c in status.get("conditions") or []]}
+    if seen.problem is None:
+        # no number here: a message that changes with every measurement is a write each time
+        message = f"request intervals measured from {spec.ttl.source}"
+        set_condition(copy, "TTLSource", True, "Measured", message, generation, now)
+    else:
+        reason, message = seen.problem
+        set_condition(copy, "TTLSource", False, reason, message, generation, now)
+    conditions: list[dict[str, Any]] = copy["conditions"]
+    return conditions
 
 
 def next_measurement_in(body: dict[str, Any], now: dt.datetime) -> float:
@@ -129,6 +183,10 @@ def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, An
     _MEASURED[meta["uid"]] = now
     seen = observe(kube, spec, meta["name"], meta["namespace"])
     out: dict[str, Any] = {}
+    if spec.ttl.mode == "auto":
+        conditions = source_condition(status, seen, spec, int(meta.get("generation", 1)), now)
+        if conditions != status.get("conditions"):
+            out["conditions"] = conditions
     if seen.hit_ratio is not None and round(seen.hit_ratio, 3) != status.get("hitRatio"):
         out["hitRatio"] = round(seen.hit_ratio, 3)
     mean = seen.mean_interval_s if spec.ttl.mode == "auto" else None

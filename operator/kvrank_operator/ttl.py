@@ -15,6 +15,7 @@ HYSTERESIS = 0.10
 """Ignore a new TTL within ±10 % of the current one."""
 INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"
 HIT_RATIO_METRIC = "kvrank_cache_hit_ratio"
+REQUESTS_METRIC = "kvrank_requests_total"
 
 
 def parse_gauge(text: str, name: str, positive: bool = False) -> list[float]:

@@ -20,3 +20,8 @@ def run_bootstrap(
     return subprocess.run(
         ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
     )
+
+
+def addrs(nodes: list[RedisServer]) -> list[str]:
+    """``ip:port`` of each node, as the operator's health check takes them."""
+    return [f"127.0.0.1:{n.port}" for n in nodes]

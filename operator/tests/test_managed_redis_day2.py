@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis_nodes import run_bootstrap
+from redis_nodes import addrs, run_bootstrap
 
 from kvrank.tools.processes import RedisServer, free_port_pair
 from kvrank_operator.manifests import bootstrap_script
@@ -40,10 +40,6 @@ def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[Redis
     finally:
         for s in started:
             s.stop()
-
-
-def addrs(nodes: list[RedisServer]) -> list[str]:
-    return [f"127.0.0.1:{n.port}" for n in nodes]
 
 
 def heal_until_ok(nodes: list[RedisServer], replicas: int, timeout: float = 60) -> list[Health]:

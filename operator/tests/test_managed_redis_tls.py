@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from redis_nodes import addrs
 
 from kvrank.cache import CacheKey, RedisSettings, RedisStore, purge_namespace
 from kvrank.tools.processes import RedisServer, free_port_pair
@@ -88,10 +89,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory, tls_dir: Path) -> Iterator[l
     finally:
         for s in started:
             s.stop()
-
-
-def addrs(nodes: list[RedisServer]) -> list[str]:
-    return [f"127.0.0.1:{n.port}" for n in nodes]
 
 
 def test_the_generated_secret_is_a_tls_secret_only_redis_pods_mount_whole() -> None:

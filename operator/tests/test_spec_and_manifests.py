@@ -172,8 +172,8 @@ def test_ttl_policy_with_hysteresis() -> None:
     assert next_ttl(30, 20, spec) == 60
     assert next_ttl(30, None, spec) is None
     text = (
-        'kvrank_user_interval_mean_seconds{model_version="v1",namespace="a"} 4.0\n'
-        'kvrank_user_interval_mean_seconds{model_version="v1",namespace="b"} 0.0\n'
+        'kvrank_user_interval_mean_seconds{cache_namespace="a",model_version="v1"} 4.0\n'
+        'kvrank_user_interval_mean_seconds{cache_namespace="b",model_version="v1"} 0.0\n'
     )
     assert parse_interval_means(text) == [4.0]
 
@@ -356,3 +356,31 @@ def test_managed_tls_with_a_secret_of_ones_own_generates_none() -> None:
         "name": "redis-tls",
         "secret": {"secretName": "from-cm", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
     } in volumes
+
+
+@pytest.mark.parametrize(
+    ("last_line", "shown"),
+    [
+        ("kvrank serve: sha256 of model.safetensors is ab…, expected 00…", "expected 00…"),
+        ('{"severity": "error", "message": "model version \'v1\', expected \'v2\'"}', "expected"),
+    ],
+)
+def test_a_pods_start_failure_is_its_last_log_message(last_line: str, shown: str) -> None:
+    from kvrank_operator.reconcile import _start_failure
+
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "ready": False,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {
+                        "terminated": {"exitCode": 2, "message": f"starting\n{last_line}\n"}
+                    },
+                }
+            ]
+        }
+    }
+    why = _start_failure(pod)
+    assert why is not None and shown in why and why.endswith("(exit code 2)")
+    assert "severity" not in why  # a JSON line shows as its message

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
+
+from kvrank.cache import CONSTANT_LABELS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
@@ -28,8 +38,10 @@ class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        names, values = ["model_version", "namespace"], (self.version, self.namespace)
+        names, values = list(CONSTANT_LABELS), (self.version, self.namespace)
         r = self.registry
+        for runtime in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(runtime)  # CPU, memory, open files, GC: the process's own health
         requests = Counter(
             "kvrank_requests", "Scoring requests by outcome", [*names, "outcome"], registry=r
         )
@@ -54,10 +66,24 @@ class Metrics:
             registry=r,
         ).labels(*values)
         self.hit_ratio = Gauge(
-            "kvrank_cache_hit_ratio", "Share of requests served from a cache", names, registry=r
+            "kvrank_cache_hit_ratio",
+            "Share of requests served from a cache since start (windowed: from"
+            " kvrank_requests_total)",
+            names,
+            registry=r,
         ).labels(*values)
+        self._responses = Counter(
+            "kvrank_http_responses",
+            "HTTP responses by route and status code (errors included)",
+            [*names, "route", "code"],
+            registry=r,
+        )
+        self._values = values
         self._served = 0
         self._cached = 0
+
+    def observe_response(self, route: str, code: int) -> None:
+        self._responses.labels(*self._values, route, str(code)).inc()
 
     def observe_request(self, outcome: str, timings_ms: dict[str, float]) -> None:
         self.requests[outcome].inc()

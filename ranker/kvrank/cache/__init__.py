@@ -10,7 +10,7 @@ tier failure is a miss, never an exception that reaches a request.
 from kvrank.cache.entry import encode_entry
 from kvrank.cache.keys import CacheKey, Head, sequence_chain
 from kvrank.cache.l1 import L1Store
-from kvrank.cache.metrics import CacheCollector
+from kvrank.cache.metrics import CONSTANT_LABELS, CacheCollector
 from kvrank.cache.redis_store import RedisSettings, RedisStore, purge_namespace
 from kvrank.cache.store import Store
 from kvrank.cache.tiered import (
@@ -25,6 +25,7 @@ from kvrank.cache.tiered import (
 from kvrank.cache.ttl import AdaptiveTTL, TTLSettings
 
 __all__ = [
+    "CONSTANT_LABELS",
     "LOCK_WAIT_S",
     "AdaptiveTTL",
     "CacheCollector",

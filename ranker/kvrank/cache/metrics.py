@@ -14,7 +14,9 @@ from prometheus_client.registry import Collector
 
 from kvrank.cache.tiered import TieredCache
 
-CONSTANT_LABELS = ("model_version", "namespace")
+CONSTANT_LABELS = ("model_version", "cache_namespace")
+"""``cache_namespace``, not ``namespace``: Prometheus adds a ``namespace`` target label (the
+pod's Kubernetes namespace), which would push this one aside to ``exported_namespace``."""
 
 
 class CacheCollector(Collector):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from kvrank.cache import (
 from kvrank.errors import ArtifactError, IncompatibleKVError, InputError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import load_model, resolve_artifact
+from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
 from kvrank.service import RankingService, ServiceSettings
@@ -139,6 +141,7 @@ async def _watch_config(state: AppState) -> None:
 
 def create_app(cfg: ServerConfig, service: RankingService | None = None) -> FastAPI:
     state = AppState(cfg, service)
+    user_hash = logs.UserHasher(cfg.log.user_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -163,6 +166,31 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        started = time.perf_counter()
+        response = await _limited(request, call_next)
+        response.headers["x-request-id"] = request.state.request_id
+        # the matched template, not the path: bounded cardinality
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        if state.service is not None:
+            state.service.metrics.observe_response(route, response.status_code)
+        if route == "/v1/score":
+            logs.access(
+                {
+                    "request_id": request.state.request_id,
+                    "route": route,
+                    "status": response.status_code,
+                    "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
+                    "user": getattr(request.state, "user", None),
+                    "cache": getattr(request.state, "cache", None),
+                    "candidates": getattr(request.state, "candidates", None),
+                    "model_version": getattr(request.state, "model_version", None),
+                }
+            )
+        return response
+
+    async def _limited(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         if not _on_its_port(request, cfg):
             return _error(404, None, "not found", request)
         length = request.headers.get("content-length")
@@ -174,12 +202,10 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
                 request,
             )
         try:
-            response = await call_next(request)
+            return await call_next(request)
         except Exception:
             log.exception("request %s failed", request.state.request_id)
             return _error(500, None, "internal error", request)
-        response.headers["x-request-id"] = request.state.request_id
-        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -198,9 +224,13 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     @app.post("/v1/score", response_model=ScoreResponse)
     async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
         svc = _service(state)
+        request.state.user = user_hash(body.user_id)
         cfg_m = svc.model.cfg
         user, cands = body.to_features(cfg_m.event_dense, cfg_m.cand_dense)
         result = await svc.score(body.user_id, user, cands)
+        request.state.cache = result.outcome.value
+        request.state.candidates = len(result.scores)
+        request.state.model_version = svc.model.version
         return ScoreResponse(
             request_id=request.state.request_id,
             model_version=svc.model.version,

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from kvrank.cache import LOCK_WAIT_S, TTLSettings
 from kvrank.model.config import KVDType
 from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
+from kvrank.server.logs import LogConfig
 
 ENV_PREFIX = "KVRANK_"
 L1_BYTES_DEFAULT = 512 * 2**20
@@ -106,6 +107,7 @@ class ServerConfig(BaseSettings):
         " Service), everything else on `port` only. Unset: all on `port` (local use).",
     )
     config_file: str | None = None
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @classmethod
     def settings_customise_sources(

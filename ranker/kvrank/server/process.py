@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from kvrank.server import logs
 from kvrank.server.app import create_app
 from kvrank.server.config import ServerConfig
 
@@ -46,12 +47,14 @@ class DrainingServer(uvicorn.Server):
 def serve(cfg: ServerConfig) -> None:
     """One server, one app; a second listening socket when admin endpoints have their own
     port (the app tells the two apart by the port a request arrived on)."""
+    logs.configure(cfg.log)
     app = create_app(cfg)
     config = uvicorn.Config(
         app,
         host=cfg.host,
         port=cfg.port,
-        log_level="warning",
+        log_config=None,  # keep ours: every line in one format
+        access_log=False,  # the app writes its own (request id, user hash, cache outcome)
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
     )
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]

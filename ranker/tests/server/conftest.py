@@ -139,3 +139,15 @@ def server_cfg() -> ModelConfig:
 @pytest.fixture(scope="session")
 def make_body() -> Callable[[str, UserFeatures, Candidates], dict[str, Any]]:
     return body
+
+
+@pytest.fixture
+def request_for(factory, server_cfg, make_body):
+    """``(user, candidates, request body)`` for ``user_id``."""
+
+    def make(user_id: str = "u1", n: int = 10, c: int = 6, seed: int = 1):
+        user = factory.user(server_cfg, n, seed)
+        cands = factory.candidates(server_cfg, c, seed)
+        return user, cands, make_body(user_id, user, cands)
+
+    return make

@@ -17,16 +17,6 @@ def model(artifact):
     return load_model(artifact)
 
 
-@pytest.fixture
-def request_for(factory, server_cfg, make_body):
-    def make(user_id: str = "u1", n: int = 10, c: int = 6, seed: int = 1):
-        user = factory.user(server_cfg, n, seed)
-        cands = factory.candidates(server_cfg, c, seed)
-        return user, cands, make_body(user_id, user, cands)
-
-    return make
-
-
 def test_scores_match_the_model_in_input_order_and_second_call_hits(
     make_client, model, request_for
 ) -> None:
@@ -126,6 +116,10 @@ def test_internal_error_is_500_without_a_stack_trace(make_client, request_for) -
     assert resp.status_code == 500
     assert resp.json()["error"] == "internal error" and resp.json()["request_id"]
     assert "secret" not in resp.text and "Traceback" not in resp.text
+    assert (
+        'kvrank_http_responses_total{cache_namespace="default",code="500",'
+        'model_version="v1",route="/v1/score"} 1.0'
+    ) in client.get("/metrics").text
 
 
 def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
@@ -136,8 +130,18 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
     client.post("/v1/score", json=req)
     client.post("/v1/score", json=req)
     text = client.get("/metrics").text
-    assert 'kvrank_requests_total{model_version="v1",namespace="ns-a",outcome="l1"} 1.0' in text
-    assert 'kvrank_user_encodes_total{kind="full",model_version="v1",namespace="ns-a"} 1.0' in text
+    # not "namespace": Prometheus adds that (the pod's) to every series it scrapes
+    assert (
+        'kvrank_requests_total{cache_namespace="ns-a",model_version="v1",outcome="l1"} 1.0'
+    ) in text
+    assert (
+        'kvrank_user_encodes_total{cache_namespace="ns-a",kind="full",model_version="v1"} 1.0'
+    ) in text
+    assert (
+        'kvrank_http_responses_total{cache_namespace="ns-a",code="200",model_version="v1",'
+        'route="/v1/score"} 2.0'
+    ) in text
+    assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
     assert "kvrank_request_interval_seconds_bucket" in text
     assert "kvrank_cache_hit_ratio" in text and "kvrank_cache_ttl_seconds" in text
     removed = client.post("/admin/invalidate/alice").json()
@@ -215,6 +219,8 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_TTL_JITTER": "0.2",
         "KVRANK_MODEL_SHA256": "ab" * 32,
         "KVRANK_REDIS_TLS_CHECK_HOSTNAME": "false",
+        "KVRANK_LOG_LEVEL": "DEBUG",
+        "KVRANK_LOG_FORMAT": "text",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(
@@ -222,7 +228,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
     )
     default = load_config({}).model_dump()
     for name, key in sorted(names.items()):
-        if key in ("config_file", "redis.password"):
+        if key in ("config_file", "redis.password", "log.user_key"):
             continue  # the hot-reload test reads a file; the password is never dumped
         value = samples.get(name) or ("true" if key == "redis.cluster" else "7")
         with monkeypatch.context() as env:

@@ -1,0 +1,63 @@
+"""What a log shipper gets from a real `kvrank serve` process: JSON lines only, one access
+line per scoring request (errors included) with what an on-call engineer needs — and never
+the user's id."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+
+def lines(pod: Any) -> list[dict[str, Any]]:
+    pod.stop()  # everything flushed
+    text = pod.log.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def access(pod: Any) -> list[dict[str, Any]]:
+    return [r for r in lines(pod) if r.get("logger") == "kvrank.access"]
+
+
+def test_every_line_is_json_and_each_scoring_request_has_an_access_line(
+    spawn_server, request_for
+) -> None:
+    pod = spawn_server()
+    _, _, req = request_for(user_id="alice-4711")
+    for _ in range(2):
+        assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    bad = {**req, "candidates": {**req["candidates"], "item_ids": []}}
+    assert httpx.post(f"{pod.url}/v1/score", json=bad, timeout=10).status_code == 422
+    assert httpx.get(f"{pod.url}/healthz", timeout=10).status_code == 200
+    records = access(pod)  # parses every line: a non-JSON line fails here
+    assert [r["status"] for r in records] == [200, 200, 422]  # no line for /healthz
+    first, second, invalid = records
+    assert (first["cache"], second["cache"]) == ("miss", "l1")
+    assert first["user"] == second["user"]
+    assert len(first["user"]) == 16 and first["candidates"] == len(req["candidates"]["item_ids"])
+    assert first["model_version"] == "v1" and first["latency_ms"] > 0
+    assert first["severity"] == "info" and first["request_id"] != second["request_id"]
+    assert {"timestamp", "message"} <= first.keys()  # the operator's lines have the same keys
+    assert invalid["cache"] is None and invalid["user"] is None  # refused before it was read
+    assert "alice-4711" not in pod.log.read_text()
+
+
+def test_a_shared_key_follows_a_user_across_pods_and_none_is_per_process(
+    spawn_server, request_for
+) -> None:
+    _, _, req = request_for(user_id="bob")
+    key = {"KVRANK_LOG_USER_KEY": "from-a-secret"}
+    pods = [spawn_server(env=key), spawn_server(env=key), spawn_server()]
+    for pod in pods:
+        assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    a, b, c = ([r["user"] for r in access(pod)] for pod in pods)
+    assert a == b and a != c
+
+
+def test_the_level_and_format_come_from_the_settings(spawn_server, request_for) -> None:
+    pod = spawn_server(env={"KVRANK_LOG_LEVEL": "WARNING", "KVRANK_LOG_FORMAT": "text"})
+    _, _, req = request_for(user_id="carol")
+    assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    pod.stop()
+    assert "kvrank.access" not in pod.log.read_text()  # access lines are INFO
