@@ -40,6 +40,7 @@ from stack import (
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
+from kvrank_operator.sources import HIT_RATIO_WINDOW
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +63,12 @@ BODIES = [
     r.body
     for r in Workload(MODEL_CONFIG, WorkloadSettings(users=50, candidates=CANDIDATES)).requests(50)
 ]
+
+
+def prometheus_seconds(duration: str) -> int:
+    """``"2m"`` → 120."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    return int(duration[:-1]) * units[duration[-1]]
 
 
 def body(user: str, i: int = 0) -> dict[str, Any]:
@@ -764,17 +771,19 @@ def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> 
     names = ("feed-ranker", "ttl-ranker")
     for name in names:
         stack.wait_for(lambda name=name: ready(stack, name), f"{name} Ready", 240)
-    # settled: the last load's hit ratio published, nothing moving for longer than the TTL
-    # tuner's interval (30 s) — then nothing may be written at all
+    # settled: the last load's hit ratio published — a ratio over the last HIT_RATIO_WINDOW
+    # moves until that window has slid past the last request — and nothing moving for longer
+    # than the TTL tuner's interval (30 s): then nothing may be written at all
+    settle_s = prometheus_seconds(HIT_RATIO_WINDOW) + 10
     quiet: dict[str, Any] = {"status": None, "since": time.monotonic()}
 
     def settled() -> bool:
         now = [status(stack, n) for n in names]
         if now != quiet["status"]:
             quiet.update(status=now, since=time.monotonic())
-        return time.monotonic() - quiet["since"] >= 40
+        return time.monotonic() - quiet["since"] >= settle_s
 
-    stack.wait_for(settled, "both RankerDeployments' status unchanged for 40 s", 240)
+    stack.wait_for(settled, f"both RankerDeployments' status unchanged for {settle_s} s", 400)
     before, status_before = stack.api_writes(OPERATOR_WRITES), quiet["status"]
     time.sleep(60)  # two resyncs of both RankerDeployments and the TTL tuner's measurements
     after = stack.api_writes(OPERATOR_WRITES)

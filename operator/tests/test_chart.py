@@ -187,3 +187,55 @@ def test_without_leader_election_one_replica_runs_and_more_are_refused() -> None
         "replicaCount=2",
     )
     assert out.returncode != 0 and "leaderElection.enabled" in out.stderr
+
+
+MONITORING = (
+    "--set",
+    "monitoring.serviceMonitor.enabled=true",
+    "--set",
+    "monitoring.podMonitor.enabled=true",
+    "--set",
+    "monitoring.rules.enabled=true",
+)
+
+
+def test_monitoring_objects_are_off_by_default() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_monitoring_objects_scrape_operator_and_rankers_and_the_rules_pass_promtool(
+    tmp_path: Path,
+) -> None:
+    docs = {d["kind"]: d for d in render(*MONITORING)}
+    monitor = docs["ServiceMonitor"]["spec"]
+    operator_service = next(d for d in render(*MONITORING) if d["kind"] == "Service")
+    assert (
+        monitor["selector"]["matchLabels"].items() <= operator_service["metadata"]["labels"].items()
+    )
+    assert monitor["endpoints"][0]["port"] == "metrics"
+    pods = docs["PodMonitor"]["spec"]
+    # the labels the alerts and the operator's Prometheus TTL source select by
+    assert pods["podTargetLabels"] == ["app.kubernetes.io/instance", "kvrank.io/version"]
+    assert pods["namespaceSelector"] == {"any": True}
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(docs["PrometheusRule"]["spec"]))
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(rules)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    alerts = {r["alert"] for g in docs["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    assert {"KvrankCacheHitRatioLow", "KvrankRedisBreakerOpen", "KvrankOperatorNoLeader"} <= alerts
+    hit_ratio = next(
+        r
+        for g in docs["PrometheusRule"]["spec"]["groups"]
+        for r in g["rules"]
+        if r["alert"] == "KvrankCacheHitRatioLow"
+    )
+    assert "< 0.7" in hit_ratio["expr"] and hit_ratio["for"] == "10m"  # the brief's alarm
+
+
+def test_with_watched_namespaces_the_pod_monitor_looks_only_there() -> None:
+    docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"), *MONITORING)
+    pods = next(d for d in docs if d["kind"] == "PodMonitor")["spec"]
+    assert pods["namespaceSelector"] == {"matchNames": ["ranking", "ranking-canary"]}

@@ -7,16 +7,11 @@ the end-to-end suite's.)"""
 from __future__ import annotations
 
 import datetime as dt
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
-import yaml
 
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import PrometheusServer, free_port
 from kvrank_operator.sources import Observed, from_prometheus, instant_query, source_condition
 from kvrank_operator.spec import parse_spec
 
@@ -25,36 +20,12 @@ NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is not installed (make services installs it)"
-    workdir = tmp_path_factory.mktemp("prometheus")
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": []}))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), {"scrape_configs": []})
+    server.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "prometheus did not start"
-            time.sleep(0.2)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def test_no_series_is_no_data_naming_the_query_and_its_podmonitor_labels(prometheus: str) -> None:

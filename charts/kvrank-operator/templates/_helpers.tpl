@@ -79,3 +79,73 @@ the generated Redis password is read and created, never listed or watched. */}}
   resources: [events]
   verbs: [create, patch]
 {{- end -}}
+
+{{/* kvrank's alerts, as PrometheusRule groups (also rendered alone for promtool). Series
+are grouped by the PodMonitor's target labels: the pod's namespace and the
+RankerDeployment (app_kubernetes_io_instance). */}}
+{{- define "kvrank-operator.ruleGroups" -}}
+{{- $r := .Values.monitoring.rules -}}
+{{- $by := "namespace, app_kubernetes_io_instance" -}}
+groups:
+  - name: kvrank.rankers
+    rules:
+      - alert: KvrankCacheHitRatioLow
+        expr: |
+          sum by ({{ $by }}) (rate(kvrank_requests_total{outcome=~"l1|l2|incremental"}[{{ $r.hitRatioWindow }}]))
+            / sum by ({{ $by }}) (rate(kvrank_requests_total{outcome!="none"}[{{ $r.hitRatioWindow }}]))
+            < {{ $r.hitRatioMin }}
+        for: {{ $r.hitRatioFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: cache hit ratio {{`{{ $value | humanizePercentage }}`}}"
+          description: "Fewer than {{ $r.hitRatioMin }} of the requests were served from a cache for {{ $r.hitRatioFor }}: every miss is a full user-side encode. Check the TTL in force (status.ttl), Redis (KvrankRedisBreakerOpen) and whether a new model version just rolled out."
+      - alert: KvrankLatencyP99High
+        expr: |
+          histogram_quantile(0.99, sum by ({{ $by }}, le) (rate(kvrank_stage_seconds_bucket{stage="total"}[5m])))
+            > {{ $r.p99Seconds }}
+        for: 10m
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: p99 scoring latency {{`{{ $value | humanizeDuration }}`}}"
+          description: "The 99th percentile of kvrank_stage_seconds{stage=\"total\"} is above {{ $r.p99Seconds }} s."
+      - alert: KvrankRedisBreakerOpen
+        # over a minute: while Redis stays down the breaker half-opens every few seconds
+        # for one trial request, which must not reset the alert
+        expr: max by (namespace, pod) (max_over_time(kvrank_redis_circuit_open[1m])) == 1
+        for: {{ $r.breakerFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "{{`{{ $labels.namespace }}/{{ $labels.pod }}`}}: Redis unreachable, serving from L1 only"
+          description: "The ranker's L2 circuit breaker is open: Redis failed repeatedly. Requests still succeed (a cache failure is a miss) but every pod encodes users on its own."
+      - alert: KvrankRedisErrors
+        expr: sum by ({{ $by }}) (rate(kvrank_redis_errors_total[5m])) > {{ $r.redisErrorsPerSecond }}
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: {{`{{ $value | humanize }}`}} Redis errors/s"
+          description: "Redis errors and timeouts above {{ $r.redisErrorsPerSecond }}/s (each one a cache miss)."
+      - alert: KvrankFullEncodesSpike
+        expr: |
+          sum by ({{ $by }}) (rate(kvrank_user_encodes_total{kind="full"}[10m]))
+            > {{ $r.encodeSpikeFactor }} * sum by ({{ $by }}) (rate(kvrank_user_encodes_total{kind="full"}[1h] offset 1h))
+        for: 10m
+        labels:
+          severity: info
+        annotations:
+          summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: full user encodes {{ $r.encodeSpikeFactor }}× the hour before"
+          description: "Usually a new model version (an empty cache namespace) or a flushed Redis; expected after a rollout, worth a look otherwise."
+  - name: kvrank.operator
+    rules:
+      - alert: KvrankOperatorNoLeader
+        expr: max(kvrank_operator_leader) < 1 or absent(kvrank_operator_leader)
+        for: 5m
+        labels:
+          severity: critical
+        annotations:
+          summary: "No kvrank operator replica holds the Lease"
+          description: "RankerDeployments are not reconciled: rollouts, purges, TTL tuning and Redis healing are stopped."
+{{- end -}}

@@ -9,15 +9,18 @@ stopped on exit, even on errors.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -147,6 +150,67 @@ class RedisServer:
             timeout=30,
             check=False,
         )
+
+
+@dataclass
+class PrometheusServer:
+    """Debian's ``prometheus`` on loopback with a given configuration (scrape jobs, rule
+    files); ``query`` and ``alerts`` read its HTTP API."""
+
+    workdir: Path
+    config: dict[str, Any]
+    port: int = field(default_factory=lambda: free_port())
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (`make services` installs it)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "prometheus.yml"
+        conf.write_text(json.dumps(self.config))  # JSON is YAML
+        with (self.workdir / "prometheus.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={conf}",
+                    f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"prometheus did not start: {self.workdir}/prometheus.log")
+            time.sleep(0.2)
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts pending or firing now (``/api/v1/alerts``)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/alerts", timeout=5) as resp:
+            found: list[dict[str, Any]] = json.loads(resp.read())["data"]["alerts"]
+        return found
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
 
 
 @dataclass

@@ -1,0 +1,79 @@
+"""The chart's monitoring objects are what prometheus-operator accepts: its CRDs (from its
+Go module) are installed into the session's API server, and every rendered ServiceMonitor,
+PodMonitor and PrometheusRule passes a strict server-side dry run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_chart import MONITORING, render
+
+pytestmark = pytest.mark.kube
+SCRIPT = Path(__file__).resolve().parents[2] / "e2e" / "localkube" / "prometheus-operator-crds.sh"
+KINDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+@pytest.fixture(scope="module")
+def admit(cluster):  # type: ignore[no-untyped-def]
+    crds = Path(
+        subprocess.run(
+            ["bash", str(SCRIPT)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    for kind in KINDS:
+        cluster.kubectl(
+            "apply", "--server-side", "-f", str(crds / f"monitoring.coreos.com_{kind}.yaml")
+        )
+    for kind in KINDS:
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{kind}.monitoring.coreos.com",
+        )
+    cluster.kubectl("create", "namespace", "kvrank-system", check=False)
+
+    def admit(doc: dict) -> tuple[bool, str]:  # type: ignore[type-arg]
+        out = cluster.kubectl(
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            "-",
+            input=json.dumps(doc),
+            check=False,
+        )
+        return out.returncode == 0, out.stderr
+
+    return admit
+
+
+@pytest.mark.parametrize(
+    "values", [(), ("-f", "ci/namespaced-values.yaml")], ids=["cluster-wide", "namespaced"]
+)
+def test_every_monitoring_object_is_admitted(admit, values: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    chart_values = [
+        str(Path(__file__).resolve().parents[2] / "charts" / "kvrank-operator" / v)
+        if v.endswith(".yaml")
+        else v
+        for v in values
+    ]
+    docs = [
+        d
+        for d in render(*chart_values, *MONITORING)
+        if d["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+    ]
+    assert len(docs) == 3
+    for doc in docs:
+        admitted, message = admit(doc)
+        assert admitted, f"{doc['kind']}: {message}"
+
+
+def test_a_misspelled_field_is_refused(admit) -> None:  # type: ignore[no-untyped-def]
+    pod_monitor = next(d for d in render(*MONITORING) if d["kind"] == "PodMonitor")
+    pod_monitor["spec"]["podTargetLabel"] = pod_monitor["spec"].pop("podTargetLabels")
+    admitted, message = admit(pod_monitor)
+    assert not admitted and "podTargetLabel" in message
