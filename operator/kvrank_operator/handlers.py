@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from kvrank_operator import crd
 from kvrank_operator.kube import Kube, load_client
@@ -35,6 +35,19 @@ RECONCILES = Counter(
     "kvrank_operator_reconciles", "Reconciles by trigger and result", ["trigger", "result"]
 )
 LATENCY = Histogram("kvrank_operator_reconcile_seconds", "Reconcile latency")
+# a RankerDeployment's labels: not "namespace", which Prometheus sets to the operator pod's
+RD_LABELS = ["rankerdeployment_namespace", "rankerdeployment"]
+EVENTS = Counter(
+    "kvrank_operator_events",
+    "Events posted, by RankerDeployment and reason",
+    [*RD_LABELS, "reason"],
+)
+TTL_SOURCE_OK = Gauge(
+    "kvrank_operator_ttl_source_ok",
+    "1 while the TTL tuner reads request intervals (TTLSource condition True), else 0;"
+    " absent without ttl.mode auto",
+    RD_LABELS,
+)
 RESYNC_S = 30.0
 """A RankerDeployment that nothing woke is reconciled this often: the managed Redis's health
 (asked of its nodes, not the API) and any watch event the operator missed."""
@@ -133,12 +146,22 @@ async def reconciler(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> 
                 (kopf.warn if etype == "Warning" else kopf.info)(
                     body, reason=reason, message=message
                 )
+                EVENTS.labels(*key, reason).inc()
+            _publish_ttl_source(key, {**(snapshot.get("status") or {}), **written})
             woken = await _sleep(waker, stopped, delay)
             trigger = "event" if woken else "resync"
             if woken:
                 await asyncio.sleep(SETTLE_S)
     finally:
         _wakers.pop(key, None)
+        with contextlib.suppress(KeyError):
+            TTL_SOURCE_OK.remove(*key)
+
+
+def _publish_ttl_source(key: tuple[str, str], status: dict[str, Any]) -> None:
+    for c in status.get("conditions") or []:
+        if c["type"] == "TTLSource":
+            TTL_SOURCE_OK.labels(*key).set(1.0 if c["status"] == "True" else 0.0)
 
 
 async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> bool:

@@ -337,10 +337,10 @@ def _activate(
 def _retire(spec: RankerSpec, e: dict[str, Any], out: Outcome, now: dt.datetime) -> None:
     grace = _grace(spec, e)
     e.update(state="retired", since=iso(now), purgeAfter=iso(now + dt.timedelta(seconds=grace)))
-    why = "canary aborted" if e["role"] == "canary" else f"purge in {grace}s"
-    out.events.append(
-        ("Normal", "CacheNamespaceRetired", f"namespace {e['namespace']} retired ({why})")
-    )
+    aborted = e["role"] == "canary"
+    why = "canary aborted" if aborted else f"purge in {grace}s"
+    reason = "CanaryAborted" if aborted else "CacheNamespaceRetired"
+    out.events.append(("Normal", reason, f"namespace {e['namespace']} retired ({why})"))
 
 
 def _grace(spec: RankerSpec, entry: dict[str, Any]) -> int:

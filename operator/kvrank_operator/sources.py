@@ -185,8 +185,10 @@ def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, An
     out: dict[str, Any] = {}
     if spec.ttl.mode == "auto":
         conditions = source_condition(status, seen, spec, int(meta.get("generation", 1)), now)
-        if conditions != status.get("conditions"):
-            out["conditions"] = conditions
+    else:  # a fixed TTL reads no source: no condition about one
+        conditions = [c for c in status.get("conditions") or [] if c["type"] != "TTLSource"]
+    if conditions != (status.get("conditions") or []):
+        out["conditions"] = conditions
     if seen.hit_ratio is not None and round(seen.hit_ratio, 3) != status.get("hitRatio"):
         out["hitRatio"] = round(seen.hit_ratio, 3)
     mean = seen.mean_interval_s if spec.ttl.mode == "auto" else None

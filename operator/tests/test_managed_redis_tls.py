@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,11 @@ def test_the_cluster_forms_over_tls_and_the_health_check_sees_it(
     nodes: list[RedisServer], tls_dir: Path
 ) -> None:
     ca = (tls_dir / CA_FILE).read_text()
-    health = check_and_heal(addrs(nodes), PASSWORD, 6, 1, ca)
-    assert health.ok, health.message
+    # as the operator does on each pass: replicas may still be attaching just after forming
+    deadline = time.monotonic() + 60
+    while not (health := check_and_heal(addrs(nodes), PASSWORD, 6, 1, ca)).ok:
+        assert time.monotonic() < deadline, health.message
+        time.sleep(1)
     assert health.reason == "ClusterOk"
 
 

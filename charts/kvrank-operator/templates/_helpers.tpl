@@ -140,6 +140,21 @@ groups:
           description: "Usually a new model version (an empty cache namespace) or a flushed Redis; expected after a rollout, worth a look otherwise."
   - name: kvrank.operator
     rules:
+      - alert: KvrankTTLNotTuned
+        expr: min by (rankerdeployment_namespace, rankerdeployment) (kvrank_operator_ttl_source_ok) == 0
+        for: {{ $r.ttlNotTunedFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $labels.rankerdeployment_namespace }}/{{ $labels.rankerdeployment }}`}}: the TTL tuner reads no request intervals"
+          description: "The TTLSource condition says why (PrometheusUnreachable, QueryFailed or NoData, with the query); the TTL in force stays as it was."
+      - alert: KvrankCanaryAborted
+        expr: sum by (rankerdeployment_namespace, rankerdeployment) (increase(kvrank_operator_events_total{reason="CanaryAborted"}[15m])) > 0
+        labels:
+          severity: info
+        annotations:
+          summary: "{{`{{ $labels.rankerdeployment_namespace }}/{{ $labels.rankerdeployment }}`}}: a canary was aborted"
+          description: "Its cache namespace was retired and purged; the stable version serves all traffic."
       - alert: KvrankOperatorNoLeader
         expr: max(kvrank_operator_leader) < 1 or absent(kvrank_operator_leader)
         for: 5m
