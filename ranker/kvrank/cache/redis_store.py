@@ -117,6 +117,23 @@ class RedisStore:
 
     def __post_init__(self) -> None:
         self.client = make_client(self.settings)
+        self._topology: asyncio.Future[Any] | None = None
+
+    async def _with_topology(self, op: Callable[[], Awaitable[T]]) -> T:
+        """A cluster client that lost a node rebuilds its view (CLUSTER SLOTS, then the whole
+        COMMAND table) before its next command. That rebuild runs as a task of its own:
+        bounded by one operation's timeout it would be cancelled whenever it is slower than
+        one operation — and start over, and never finish. Shielded, it completes in the
+        background; calls in between time out as misses. (redis-py says a rebuild is due
+        only through its private ``_initialize`` flag; without the flag, every call would
+        pay for a task.)"""
+        if self.settings.cluster and getattr(self.client, "_initialize", False):
+            if self._topology is None or self._topology.done():
+                self._topology = asyncio.ensure_future(self.client.initialize())
+                # its failure reaches whoever awaits it; retrieved here too, never unseen
+                self._topology.add_done_callback(lambda t: t.cancelled() or t.exception())
+            await asyncio.shield(self._topology)
+        return await op()
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -194,7 +211,9 @@ class RedisStore:
             self.stats.refused += 1
             return UNAVAILABLE
         try:
-            result = await asyncio.wait_for(op(), timeout or self.settings.op_timeout_s)
+            result = await asyncio.wait_for(
+                self._with_topology(op), timeout or self.settings.op_timeout_s
+            )
         # a cluster client that cannot reach any node raises RedisClusterException, which is
         # no RedisError
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
