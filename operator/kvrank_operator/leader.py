@@ -9,8 +9,8 @@ took over, so it must not write another object (the Deployment restarts it as a 
 Because a retry period plus the renew deadline is shorter than the lease duration, the old
 leader has stopped before any follower may consider the Lease expired: two replicas never
 reconcile at once.
-A leader that stops cleanly hands the Lease back, so a rolling update fails over at once
-instead of after a lease duration.
+A leader that stops cleanly (its pod deleted, its node drained) hands the Lease back, so a
+follower takes over at once instead of after a lease duration.
 
 This module must not reconcile or touch any object but its Lease.
 """

@@ -16,6 +16,7 @@ MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
 TLS_DIR = "/run/redis-tls"
 """Where Redis pods mount their TLS Secret (and its clients only its ``ca.crt``)."""
+TLS_CA_FILE = f"{TLS_DIR}/{CA_FILE}"
 ADMIN_PORT = 8081
 """The rankers' /admin/* port: on the pods only, never behind the scoring Service."""
 BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
@@ -79,8 +80,8 @@ def redis_url(spec: RankerSpec, instance: str, namespace: str) -> tuple[str, boo
 
 def tls_secret_name(instance: str, r: RedisSpec) -> str | None:
     """The managed Redis's TLS Secret (the user's, or the one the operator generates);
-    ``None`` without TLS."""
-    if not r.tls:
+    ``None`` without TLS or for an external Redis (its clients trust the system's CAs)."""
+    if r.mode != "managed" or not r.tls:
         return None
     return r.tls_secret or f"{redis_name(instance)}-tls"
 
@@ -93,12 +94,6 @@ def tls_ca_mount(instance: str, r: RedisSpec) -> tuple[dict[str, Any], dict[str,
     items = [{"key": CA_FILE, "path": CA_FILE}]
     volume = {"name": "redis-tls", "secret": {"secretName": secret, "items": items}}
     return volume, {"name": "redis-tls", "mountPath": TLS_DIR, "readOnly": True}
-
-
-def managed_tls_ca(spec: RankerSpec) -> str | None:
-    """Where a managed Redis's clients find its CA certificate (``None``: no managed TLS)."""
-    r = spec.cache.redis
-    return f"{TLS_DIR}/{CA_FILE}" if r.mode == "managed" and r.tls else None
 
 
 def password_secret(spec: RankerSpec, instance: str) -> tuple[str, str] | None:

@@ -16,14 +16,15 @@ from kvrank_operator.manifests.common import (
     MODEL_CACHE_MOUNT,
     PASSWORD_FILE,
     PURGE_RESOURCES,
+    TLS_CA_FILE,
     deployment_name,
     labels,
-    managed_tls_ca,
     password_secret,
     redis_url,
     restricted_container,
     restricted_pod,
     tls_ca_mount,
+    tls_secret_name,
     version_labels,
 )
 from kvrank_operator.spec import MODELS_MOUNT, RankerSpec, namespace_for
@@ -38,9 +39,9 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
     redis: dict[str, Any] = {"url": url, "cluster": cluster}
     if password_secret(spec, instance):
         redis["password_file"] = PASSWORD_FILE
-    ca = managed_tls_ca(spec)
-    if ca:  # its own CA, its nodes announce pod IPs: see kvrank_operator.certs
-        redis.update(tls_ca_file=ca, tls_check_hostname=False)
+    if tls_secret_name(instance, spec.cache.redis):
+        # its own CA, its nodes announce pod IPs: see kvrank_operator.certs
+        redis.update(tls_ca_file=TLS_CA_FILE, tls_check_hostname=False)
     fixed = spec.ttl.fixed_seconds if spec.ttl.mode == "fixed" else ttl_s
     doc = {
         "l1_bytes": spec.cache.l1_bytes,
@@ -185,7 +186,7 @@ def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], lis
         mounts.append(
             {"name": "redis-auth", "mountPath": f"{CONFIG_MOUNT}/redis", "readOnly": True}
         )
-    ca = tls_ca_mount(instance, spec.cache.redis) if managed_tls_ca(spec) else None
+    ca = tls_ca_mount(instance, spec.cache.redis)
     if ca:
         volumes.append(ca[0])
         mounts.append(ca[1])
@@ -293,10 +294,9 @@ def purge_job(
     args = ["cache", "purge", "--namespace", cache_ns, "--redis", url]
     if cluster:
         args.append("--cluster")
-    ca = managed_tls_ca(spec)
-    if ca:
-        args += ["--tls-ca-file", ca, "--no-tls-check-hostname"]
-    ca_mount = tls_ca_mount(instance, spec.cache.redis) if ca else None
+    ca_mount = tls_ca_mount(instance, spec.cache.redis)
+    if ca_mount:
+        args += ["--tls-ca-file", TLS_CA_FILE, "--no-tls-check-hostname"]
     env: list[dict[str, Any]] = []
     secret = password_secret(spec, instance)
     if secret:

@@ -10,6 +10,7 @@ from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
     REDIS_PORT,
+    TLS_CA_FILE,
     TLS_DIR,
     labels,
     redis_name,
@@ -232,7 +233,7 @@ def _scheduling(r: RedisSpec) -> dict[str, Any]:
 
 
 def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
-    ca = f"{TLS_DIR}/{CA_FILE}" if r.tls else None
+    ca = TLS_CA_FILE if r.tls else None
     ping = f'REDISCLI_AUTH="$REDIS_PASSWORD" {redis_cli(ca)} ping'
     tls = [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if r.tls else []
     return {
@@ -273,7 +274,7 @@ def _bootstrap_job(
         "command": [
             "sh",
             "-c",
-            bootstrap_script(r.replicas_per_shard, f"{TLS_DIR}/{CA_FILE}" if ca else None),
+            bootstrap_script(r.replicas_per_shard, TLS_CA_FILE if ca else None),
         ],
         "resources": BOOTSTRAP_RESOURCES,
         "securityContext": restricted_container(),
