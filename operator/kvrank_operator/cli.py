@@ -40,6 +40,20 @@ def run(
     log_format: Annotated[
         str, typer.Option(envvar="LOG_FORMAT", help="json (one object per line) or text.")
     ] = "json",
+    pod_monitor: Annotated[
+        bool,
+        typer.Option(
+            help="A prometheus-operator PodMonitor per RankerDeployment (when the cluster"
+            " serves the kind; its Monitoring condition says when not)."
+        ),
+    ] = False,
+    pod_monitor_label: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE label on every PodMonitor (repeatable).", metavar="KEY=VALUE"),
+    ] = None,
+    pod_monitor_interval: Annotated[
+        str, typer.Option(help="Scrape interval of the PodMonitors.")
+    ] = "30s",
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -55,6 +69,7 @@ def run(
 
     from kvrank_operator import handlers
     from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
+    from kvrank_operator.manifests import PodMonitoring
 
     if log_format not in ("json", "text"):
         raise typer.BadParameter("json or text", param_hint="--log-format")
@@ -65,6 +80,10 @@ def run(
     )
     logging.getLogger().setLevel(os.environ.get("LOG_LEVEL", "INFO"))
     handlers.KUBECONFIG = kubeconfig
+    if pod_monitor:
+        handlers.POD_MONITORING = PodMonitoring(
+            _labels(pod_monitor_label or []), pod_monitor_interval
+        )
     if metrics_port:
         start_http_server(metrics_port)
     election = None
@@ -87,6 +106,18 @@ def run(
     finally:
         if election is not None:
             election.release()
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(
+                f"{pair!r}: expected KEY=VALUE", param_hint="--pod-monitor-label"
+            )
+        out[key] = value
+    return out
 
 
 def _own_namespace() -> str:

@@ -26,6 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from kvrank_operator import crd
 from kvrank_operator.kube import Kube, load_client
+from kvrank_operator.manifests import PodMonitoring
 from kvrank_operator.reconcile import purges_due_in, reconcile
 from kvrank_operator.redis_cluster import check_and_heal
 from kvrank_operator.sources import next_measurement_in, tune_ttl
@@ -63,6 +64,8 @@ API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
 
 _kube: Kube | None = None
 KUBECONFIG: str | None = None
+POD_MONITORING: PodMonitoring | None = None
+"""Set from the command line: a PodMonitor per RankerDeployment (``None``: none)."""
 _wakers: dict[tuple[str, str], asyncio.Event] = {}
 """(namespace, name) → the event its reconciler waits on."""
 
@@ -90,16 +93,26 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _upgrade_crd()
 
 
-def _upgrade_crd() -> None:
+def _upgrade_crd(timeout_s: float = 30.0) -> None:
     """Bring the installed CRD to this operator's schema. ``helm upgrade`` never touches a
     chart's ``crds/``, so the new operator applies its own (RBAC: ``patch`` on this one CRD
-    only; the first install still comes from the chart)."""
+    only; the first install still comes from the chart). Waits until it is Established:
+    kopf resolves the resources it serves right after this, once."""
+    body = crd.crd()
     try:
-        kube().apply(crd.crd(), owner=None)
+        kube().apply(body, owner=None)
     except ApiException as exc:
         log.error("could not apply the RankerDeployment CRD (%s %s)", exc.status, exc.reason)
-    else:
-        log.info("RankerDeployment CRD at this operator's schema (%s)", crd.VERSION)
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = kube().get(body["apiVersion"], body["kind"], "", body["metadata"]["name"]) or {}
+        conditions = (got.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            log.info("RankerDeployment CRD at this operator's schema (%s)", crd.VERSION)
+            return
+        time.sleep(0.2)
+    log.error("the RankerDeployment CRD is not Established after %.0f s", timeout_s)
 
 
 # ------------------------------------------------------------------------ wake-ups
@@ -137,6 +150,8 @@ async def reconciler(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> 
     waker = _wakers[key] = asyncio.Event()
     written: dict[str, Any] = {}  # status fields this loop wrote (the body may lag behind)
     trigger = "start"
+    # at 0 from the start: an alert on increase() sees the first abort too
+    EVENTS.labels(*key, "CanaryAborted")
     try:
         while not stopped:
             waker.clear()
@@ -193,7 +208,9 @@ def _reconcile_once(
     doc = {**body, "status": current}
     now = dt.datetime.now(dt.UTC)
     try:
-        outcome = reconcile(kube(), doc, now, redis_health=check_and_heal)
+        outcome = reconcile(
+            kube(), doc, now, redis_health=check_and_heal, monitoring=POD_MONITORING
+        )
         tuned = tune_ttl(kube(), {**doc, "status": outcome.status}, now) or {}
         status = {**outcome.status, **tuned}
         changed = {k: v for k, v in status.items() if current.get(k) != v}

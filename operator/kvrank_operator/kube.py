@@ -27,6 +27,9 @@ REAPPLY_S = 3600.0
 """An unchanged object is re-applied this often: an edit or deletion by someone else is
 undone within the hour (at once for a missing Deployment, on any spec change and on an
 operator restart), at one write per object per hour instead of one per resync."""
+SERVED_RECHECK_S = 60.0
+"""Whether the API server serves a kind that a CRD brings (a PodMonitor) is asked again this
+often: a CRD installed later is noticed within a minute, at one read a minute."""
 
 
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -98,12 +101,31 @@ class Kube:
         self.dyn = DynamicClient(api)
         self.ledger = ledger or ApplyLedger()
         self._resources: dict[tuple[str, str], Any] = {}
+        self._served: dict[tuple[str, str], tuple[bool, float]] = {}
 
     def _res(self, api_version: str, kind: str) -> Any:
         key = (api_version, kind)
         if key not in self._resources:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
         return self._resources[key]
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves ``kind`` in ``api_version`` now (its group's
+        resource list; no RBAC needed), asked at most every ``SERVED_RECHECK_S``."""
+        key, now = (api_version, kind), self.ledger.clock()
+        known = self._served.get(key)
+        if known is not None and now - known[1] < SERVED_RECHECK_S:
+            return known[0]
+        try:
+            group, version = api_version.split("/")
+            listing = client.CustomObjectsApi(self.api).get_api_resources(group, version)
+            served = any(r.kind == kind for r in listing.resources or [])
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            served = False
+        self._served[key] = (served, now)
+        return served
 
     def apply(self, obj: dict[str, Any], owner: Owner | None) -> bool:
         """Server-side apply as the operator's field manager; ``owner`` (when given) is
@@ -130,8 +152,10 @@ class Kube:
         return True
 
     def forget_applied(self) -> None:
-        """Send every object again on the next apply."""
+        """Send every object again on the next apply, and ask again which kinds the API
+        server serves."""
         self.ledger.forget()
+        self._served.clear()
 
     def create_if_absent(self, obj: dict[str, Any], owner: Owner) -> bool:
         """Create ``obj`` unless it exists; ``True`` when it was created now."""

@@ -2,7 +2,8 @@
 
 1. **desired** — every object that should exist, built purely from the spec
    (:func:`kvrank_operator.manifests.desired_objects`);
-2. **apply** — server-side apply of that set (create-only for Jobs and the generated Secret);
+2. **apply** — server-side apply of that set (create-only for Jobs and the generated Secret),
+   and the PodMonitor when the operator runs with one and the cluster serves the kind;
 3. **observe** — one read of what the cluster reports: Deployments, pods per version, purge
    Jobs, the managed Redis;
 4. **act** on what was observed — remove a version's Deployment only once the stable
@@ -25,6 +26,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import CA_FILE, redis_tls
@@ -80,6 +83,7 @@ def reconcile(
     body: dict[str, Any],
     now: dt.datetime,
     redis_health: RedisHealthCheck | None = None,
+    monitoring: m.PodMonitoring | None = None,
 ) -> Outcome:
     meta = body["metadata"]
     name, ns, gen = meta["name"], meta["namespace"], int(meta.get("generation", 1))
@@ -96,6 +100,7 @@ def reconcile(
     password = secrets.token_urlsafe(24)
     desired = m.desired_objects(spec, name, ns, ttl, password, _new_tls(spec, name, ns, now))
     _apply(kube, desired, owner, out)
+    _pod_monitor(kube, monitoring, owner, ns, status, gen, now)
     seen = observe(kube, spec, name, ns)
     if any(version not in seen.deployments for version, _ in spec.versions()):
         kube.forget_applied()  # deleted by someone: apply everything again next time
@@ -151,6 +156,42 @@ def _apply(kube: Kube, desired: list[m.Desired], owner: Owner, out: Outcome) -> 
             out.events.append(
                 ("Normal", "RedisPasswordCreated", f"generated Secret {d.obj['metadata']['name']}")
             )
+
+
+def _pod_monitor(
+    kube: Kube,
+    settings: m.PodMonitoring | None,
+    owner: Owner,
+    ns: str,
+    status: dict[str, Any],
+    gen: int,
+    now: dt.datetime,
+) -> None:
+    """The instance's PodMonitor, and the ``Monitoring`` condition saying whether it exists
+    or why not (no such CRD in the cluster, the API refused it). Without ``settings`` the
+    operator manages no PodMonitor and the condition is removed."""
+    if settings is None:
+        status["conditions"] = [
+            c for c in status.get("conditions", []) if c["type"] != "Monitoring"
+        ]
+        return
+    if not kube.serves(m.POD_MONITOR_API, "PodMonitor"):
+        why = (
+            f"this cluster serves no {m.POD_MONITOR_API} PodMonitor: install the"
+            " prometheus-operator CRDs (kube-prometheus-stack), or scrape the ranker pods by"
+            " their prometheus.io/* annotations"
+        )
+        set_condition(status, "Monitoring", False, "PodMonitorCRDMissing", why, gen, now)
+        return
+    obj = m.pod_monitor(owner.name, ns, settings)
+    try:
+        kube.apply(obj, owner)
+    except ApiException as exc:  # the rest of the reconcile does not depend on it
+        why = f"PodMonitor {obj['metadata']['name']}: API {exc.status} {exc.reason}"
+        set_condition(status, "Monitoring", False, "PodMonitorRefused", why, gen, now)
+        return
+    why = f"PodMonitor {obj['metadata']['name']} selects every ranker pod of this instance"
+    set_condition(status, "Monitoring", True, "PodMonitorApplied", why, gen, now)
 
 
 # ----------------------------------------------------------------------------- observe

@@ -3,6 +3,7 @@ from the operator's single source of truth."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -196,46 +197,122 @@ MONITORING = (
     "monitoring.podMonitor.enabled=true",
     "--set",
     "monitoring.rules.enabled=true",
+    "--set",
+    "monitoring.dashboard.enabled=true",
 )
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def dashboard_config_map(docs: list[dict]) -> dict:
+    return next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("dashboard")
+    )
+
+
+def operator_args(docs: list[dict]) -> list[str]:
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
 def test_monitoring_objects_are_off_by_default() -> None:
-    kinds = {d["kind"] for d in render()}
-    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    docs = render()
+    assert not {d["kind"] for d in docs} & MONITORING_KINDS
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    assert not [a for a in operator_args(docs) if a.startswith("--pod-monitor")]
+    rules = _rules(next(d for d in docs if d["kind"] == "ClusterRole"))
+    assert not [k for k in rules if k[0] == ("monitoring.coreos.com",)]
 
 
 def test_monitoring_objects_scrape_operator_and_rankers_and_the_rules_pass_promtool(
     tmp_path: Path,
 ) -> None:
-    docs = {d["kind"]: d for d in render(*MONITORING)}
-    monitor = docs["ServiceMonitor"]["spec"]
-    operator_service = next(d for d in render(*MONITORING) if d["kind"] == "Service")
+    docs = render(*MONITORING, "--set", "monitoring.labels.release=kps")
+    by_kind = {d["kind"]: d for d in docs}
+    assert "PodMonitor" not in by_kind  # the operator makes one per RankerDeployment
+    monitor = by_kind["ServiceMonitor"]["spec"]
+    operator_service = by_kind["Service"]
     assert (
         monitor["selector"]["matchLabels"].items() <= operator_service["metadata"]["labels"].items()
     )
     assert monitor["endpoints"][0]["port"] == "metrics"
-    pods = docs["PodMonitor"]["spec"]
-    # the labels the alerts and the operator's Prometheus TTL source select by
-    assert pods["podTargetLabels"] == ["app.kubernetes.io/instance", "kvrank.io/version"]
-    assert pods["namespaceSelector"] == {"any": True}
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump(docs["PrometheusRule"]["spec"]))
+    assert by_kind["ServiceMonitor"]["metadata"]["labels"]["release"] == "kps"
+    # the operator puts a PodMonitor (with the same labels) next to every RankerDeployment,
+    # and may: create and patch PodMonitors, nothing else of prometheus-operator's
+    args = operator_args(docs)
+    assert {
+        "--pod-monitor",
+        "--pod-monitor-interval=30s",
+        "--pod-monitor-label=release=kps",
+    } <= set(args)
+    rules = _rules(by_kind["ClusterRole"])
+    assert rules[(("monitoring.coreos.com",), ("podmonitors",), ())] == {"create", "patch"}
+    assert [k for k in rules if k[0] == ("monitoring.coreos.com",)] == [
+        (("monitoring.coreos.com",), ("podmonitors",), ())
+    ]
+    rule_file = tmp_path / "rules.yaml"
+    rule_file.write_text(yaml.safe_dump(by_kind["PrometheusRule"]["spec"]))
     check = subprocess.run(
-        ["promtool", "check", "rules", str(rules)], capture_output=True, text=True
+        ["promtool", "check", "rules", str(rule_file)], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    alerts = {r["alert"] for g in docs["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    groups = by_kind["PrometheusRule"]["spec"]["groups"]
+    alerts = {r["alert"] for g in groups for r in g["rules"]}
     assert {"KvrankCacheHitRatioLow", "KvrankRedisBreakerOpen", "KvrankOperatorNoLeader"} <= alerts
     hit_ratio = next(
-        r
-        for g in docs["PrometheusRule"]["spec"]["groups"]
-        for r in g["rules"]
-        if r["alert"] == "KvrankCacheHitRatioLow"
+        r for g in groups for r in g["rules"] if r["alert"] == "KvrankCacheHitRatioLow"
     )
     assert "< 0.7" in hit_ratio["expr"] and hit_ratio["for"] == "10m"  # the brief's alarm
 
 
-def test_with_watched_namespaces_the_pod_monitor_looks_only_there() -> None:
+def test_with_watched_namespaces_only_those_may_get_pod_monitors() -> None:
     docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"), *MONITORING)
-    pods = next(d for d in docs if d["kind"] == "PodMonitor")["spec"]
-    assert pods["namespaceSelector"] == {"matchNames": ["ranking", "ranking-canary"]}
+    cluster_role = _rules(next(d for d in docs if d["kind"] == "ClusterRole"))
+    assert not [k for k in cluster_role if k[0] == ("monitoring.coreos.com",)]
+    roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-self")]
+    assert {r["metadata"]["namespace"] for r in roles} == {"ranking", "ranking-canary"}
+    for role in roles:
+        assert _rules(role)[(("monitoring.coreos.com",), ("podmonitors",), ())] == {
+            "create",
+            "patch",
+        }
+
+
+def dashboard_check(path: Path) -> subprocess.CompletedProcess[str]:
+    script = CHART.parents[1] / "scripts" / "dashboard-check.sh"
+    binary = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_dashboard_is_a_valid_grafana_dashboard_for_the_sidecar(tmp_path: Path) -> None:
+    """Strictly decoded against Grafana's dashboard schema (grafana-foundation-sdk): every
+    panel's options and query included; a misspelled field fails the check."""
+    cm = dashboard_config_map(
+        render(*MONITORING, "--set", "monitoring.dashboard.annotations.grafana_folder=kvrank")
+    )
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's default
+    assert cm["metadata"]["namespace"] == "kvrank-system"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "kvrank"}
+    (name, text) = next(iter(cm["data"].items()))
+    dashboard = json.loads(text)
+    path = tmp_path / name
+    path.write_text(text)
+    check = dashboard_check(path)
+    assert check.returncode == 0, check.stderr
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    titles = {p["title"] for p in panels}
+    assert {"Hit ratio", "Latency by cache outcome", "TTL in force", "Redis breaker open"} <= titles
+    assert all(p["targets"] and all(t["expr"] for t in p["targets"]) for p in panels)
+
+    panels[0]["targets"][0]["exp"] = panels[0]["targets"][0].pop("expr")
+    path.write_text(json.dumps(dashboard))
+    check = dashboard_check(path)
+    assert check.returncode == 1 and "unexpected field 'exp'" in check.stderr, check.stderr
+
+
+def test_the_dashboard_may_go_where_grafana_looks() -> None:
+    cm = dashboard_config_map(
+        render(*MONITORING, "--set", "monitoring.dashboard.namespace=grafana")
+    )
+    assert cm["metadata"]["namespace"] == "grafana"

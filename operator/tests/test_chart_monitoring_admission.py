@@ -1,6 +1,7 @@
-"""The chart's monitoring objects are what prometheus-operator accepts: its CRDs (from its
-Go module) are installed into the session's API server, and every rendered ServiceMonitor,
-PodMonitor and PrometheusRule passes a strict server-side dry run."""
+"""kvrank's monitoring objects are what prometheus-operator accepts: its CRDs (from its Go
+module) are installed into the session's API server, and every ServiceMonitor and
+PrometheusRule the chart renders, and the PodMonitor the operator makes for a
+RankerDeployment, pass a strict server-side dry run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from test_chart import MONITORING, render
+
+from kvrank_operator.manifests import PodMonitoring, pod_monitor
 
 pytestmark = pytest.mark.kube
 SCRIPT = Path(__file__).resolve().parents[2] / "e2e" / "localkube" / "prometheus-operator-crds.sh"
@@ -65,16 +68,22 @@ def test_every_monitoring_object_is_admitted(admit, values: tuple[str, ...]) -> 
     docs = [
         d
         for d in render(*chart_values, *MONITORING)
-        if d["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+        if d["kind"] in ("ServiceMonitor", "PrometheusRule")
     ]
-    assert len(docs) == 3
+    assert len(docs) == 2
     for doc in docs:
         admitted, message = admit(doc)
         assert admitted, f"{doc['kind']}: {message}"
 
 
+def test_the_operators_pod_monitor_is_admitted(admit) -> None:  # type: ignore[no-untyped-def]
+    doc = pod_monitor("feed-ranker", "default", PodMonitoring({"release": "kps"}, "15s"))
+    admitted, message = admit(doc)
+    assert admitted, message
+
+
 def test_a_misspelled_field_is_refused(admit) -> None:  # type: ignore[no-untyped-def]
-    pod_monitor = next(d for d in render(*MONITORING) if d["kind"] == "PodMonitor")
-    pod_monitor["spec"]["podTargetLabel"] = pod_monitor["spec"].pop("podTargetLabels")
-    admitted, message = admit(pod_monitor)
+    doc = pod_monitor("feed-ranker", "default", PodMonitoring())
+    doc["spec"]["podTargetLabel"] = doc["spec"].pop("podTargetLabels")
+    admitted, message = admit(doc)
     assert not admitted and "podTargetLabel" in message

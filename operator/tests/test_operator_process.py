@@ -5,6 +5,7 @@ writes JSON lines only, and hands the Lease back when it is stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +68,16 @@ def wait(what: str, cond: Callable[[], Any], log: Path, timeout: float = 60) -> 
     return value
 
 
-def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
-    cluster, tmp_path: Path
-) -> None:
-    ns = f"op-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    port, metrics_port, log = free_port(), free_port(), tmp_path / "operator.log"
-    metrics = f"http://127.0.0.1:{metrics_port}"
+@dataclass
+class Operator:
+    metrics: str
+    log: Path
+
+
+@contextlib.contextmanager
+def operator(cluster, ns: str, workdir: Path, *flags: str) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
+    """``kvrank-operator run`` for namespace ``ns`` only, healthy, stopped with SIGTERM."""
+    port, metrics_port, log = free_port(), free_port(), workdir / "operator.log"
     cmd = [
         str(Path(sys.executable).parent / "kvrank-operator"),
         "run",
@@ -82,6 +87,7 @@ def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
         f"--liveness-port={port}",
         "--lease=kvrank-operator",
         f"--lease-namespace={ns}",
+        *flags,
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
@@ -95,11 +101,35 @@ def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
             except httpx.HTTPError:
                 time.sleep(0.3)
         assert healthy, log.read_text()[-3000:]
+        yield Operator(f"http://127.0.0.1:{metrics_port}", log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def rkd_status(cluster, ns: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    out = cluster.kubectl("get", "rkd", "feed", "-n", ns, "-o", "json", check=False)
+    return dict(json.loads(out.stdout).get("status") or {}) if out.returncode == 0 else {}
+
+
+def condition(status: dict[str, Any], ctype: str) -> tuple[str, str] | None:
+    for c in status.get("conditions", []):
+        if c["type"] == ctype:
+            return c["status"], c["reason"]
+    return None
+
+
+def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
+    cluster, tmp_path: Path
+) -> None:
+    ns = f"op-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    with operator(cluster, ns, tmp_path) as op:
+        metrics, log = op.metrics, op.log
         assert holder(cluster, ns, "kvrank-operator").startswith(os.uname().nodename)
 
         def status() -> dict[str, Any]:
-            out = cluster.kubectl("get", "rkd", "feed", "-n", ns, "-o", "json", check=False)
-            return dict(json.loads(out.stdout).get("status") or {}) if out.returncode == 0 else {}
+            return rkd_status(cluster, ns)
 
         cluster.kubectl("apply", "-f", "-", input=json.dumps(ranker_deployment(ns)))
         wait(
@@ -125,13 +155,73 @@ def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
         ttl = next(c for c in status()["conditions"] if c["type"] == "TTLSource")
         assert (ttl["status"], ttl["reason"]) == ("False", "PrometheusUnreachable"), ttl
         assert scrape(metrics, "kvrank_operator_ttl_source_ok", **labels) == 0
+        assert condition(status(), "Monitoring") is None  # no --pod-monitor
         cluster.kubectl("delete", "rkd", "feed", "-n", ns)  # while the operator runs
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
     lines = [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
     messages = [ln["message"] for ln in lines]
     assert any(m.startswith("leading as ") for m in messages), messages
     assert all({"message", "severity", "timestamp"} <= ln.keys() for ln in lines), lines[:3]
     assert holder(cluster, ns, "kvrank-operator") == ""  # handed back: no wait for expiry
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+CRDS = Path(__file__).resolve().parents[2] / "e2e" / "localkube" / "prometheus-operator-crds.sh"
+
+
+def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
+    cluster, tmp_path: Path
+) -> None:
+    """Without the PodMonitor CRD the condition says so (and nothing else fails); once it is
+    installed, the RankerDeployment gets its PodMonitor, which garbage collection removes
+    with it."""
+    ns = f"pm-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    crd = "podmonitors.monitoring.coreos.com"
+    cluster.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait")
+    flags = ("--pod-monitor", "--pod-monitor-label=release=kps", "--pod-monitor-interval=15s")
+    with operator(cluster, ns, tmp_path, *flags) as op:
+        doc = ranker_deployment(ns)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+        wait(
+            "Monitoring False for want of the CRD",
+            lambda: (
+                condition(rkd_status(cluster, ns), "Monitoring")
+                == ("False", "PodMonitorCRDMissing")
+            ),
+            op.log,
+        )
+        status = rkd_status(cluster, ns)
+        assert {e["namespace"] for e in status["cacheNamespaces"]} == {"v-v1", "v-v2"}
+
+        crds = subprocess.run(["bash", str(CRDS)], capture_output=True, text=True, check=True)
+        cluster.kubectl(
+            "apply", "--server-side", "-f",
+            str(Path(crds.stdout.strip()) / "monitoring.coreos.com_podmonitors.yaml"),
+        )  # fmt: skip
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+        doc["spec"]["model"]["replicas"] = 2  # a spec change: the operator looks again at once
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+        wait(
+            "Monitoring True",
+            lambda: (
+                condition(rkd_status(cluster, ns), "Monitoring") == ("True", "PodMonitorApplied")
+            ),
+            op.log,
+        )
+        pm = json.loads(
+            cluster.kubectl("get", "podmonitor", "feed-ranker", "-n", ns, "-o", "json").stdout
+        )
+        assert pm["metadata"]["labels"]["release"] == "kps"
+        assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "feed"
+        assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "15s"
+        (owner,) = pm["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("RankerDeployment", "feed")
+        cluster.kubectl("delete", "rkd", "feed", "-n", ns)
+        wait(
+            "the PodMonitor garbage-collected",
+            lambda: (
+                cluster.kubectl("get", "podmonitor", "-n", ns, "-o", "name").stdout.strip() == ""
+            ),
+            op.log,
+        )
     cluster.kubectl("delete", "namespace", ns, "--wait=false")

@@ -54,6 +54,14 @@ class Metrics:
             registry=r,
         )
         self.stages = {s: stage.labels(*values, s) for s in STAGES}
+        latency = Histogram(
+            "kvrank_request_seconds",
+            "Scoring latency (the whole request) by cache outcome",
+            [*names, "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = {o: latency.labels(*values, o) for o in OUTCOMES}
         encodes = Counter(
             "kvrank_user_encodes", "User-side computations by kind", [*names, "kind"], registry=r
         )
@@ -87,6 +95,7 @@ class Metrics:
 
     def observe_request(self, outcome: str, timings_ms: dict[str, float]) -> None:
         self.requests[outcome].inc()
+        self.latency[outcome].observe(timings_ms["total"] / 1e3)
         for stage, ms in timings_ms.items():
             self.stages[stage].observe(ms / 1e3)
         self._served += 1

@@ -78,6 +78,12 @@ the generated Redis password is read and created, never listed or watched. */}}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.monitoring.podMonitor.enabled }}
+# a PodMonitor next to each RankerDeployment (removed with it by garbage collection)
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [create, patch]
+{{- end }}
 {{- end -}}
 
 {{/* kvrank's alerts, as PrometheusRule groups (also rendered alone for promtool). Series
@@ -102,14 +108,14 @@ groups:
           description: "Fewer than {{ $r.hitRatioMin }} of the requests were served from a cache for {{ $r.hitRatioFor }}: every miss is a full user-side encode. Check the TTL in force (status.ttl), Redis (KvrankRedisBreakerOpen) and whether a new model version just rolled out."
       - alert: KvrankLatencyP99High
         expr: |
-          histogram_quantile(0.99, sum by ({{ $by }}, le) (rate(kvrank_stage_seconds_bucket{stage="total"}[5m])))
+          histogram_quantile(0.99, sum by ({{ $by }}, le) (rate(kvrank_request_seconds_bucket[5m])))
             > {{ $r.p99Seconds }}
         for: 10m
         labels:
           severity: warning
         annotations:
           summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: p99 scoring latency {{`{{ $value | humanizeDuration }}`}}"
-          description: "The 99th percentile of kvrank_stage_seconds{stage=\"total\"} is above {{ $r.p99Seconds }} s."
+          description: "The 99th percentile of kvrank_request_seconds (every cache outcome) is above {{ $r.p99Seconds }} s."
       - alert: KvrankRedisBreakerOpen
         # over a minute: while Redis stays down the breaker half-opens every few seconds
         # for one trial request, which must not reset the alert

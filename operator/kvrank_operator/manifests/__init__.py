@@ -22,9 +22,12 @@ from kvrank_operator.manifests.common import (
 )
 from kvrank_operator.manifests.desired import Desired, desired_objects
 from kvrank_operator.manifests.ranker import (
+    POD_MONITOR_API,
+    PodMonitoring,
     config_map,
     deployment,
     pod_disruption_budget,
+    pod_monitor,
     purge_job,
     ranker_config,
     services,
@@ -33,8 +36,10 @@ from kvrank_operator.manifests.redis import bootstrap_script, managed_redis, tls
 
 __all__ = [
     "CONFIG_FILE",
+    "POD_MONITOR_API",
     "REDIS_PORT",
     "Desired",
+    "PodMonitoring",
     "bootstrap_script",
     "config_map",
     "deployment",
@@ -44,6 +49,7 @@ __all__ = [
     "managed_redis",
     "password_secret",
     "pod_disruption_budget",
+    "pod_monitor",
     "purge_job",
     "ranker_config",
     "redis_name",

@@ -1,10 +1,11 @@
 """The ranker's objects: its config file, one Deployment and Service per model version, the
-shared Service, the PodDisruptionBudget, and the Job that purges a retired cache namespace.
-Pure: the typed spec in, plain dicts out."""
+shared Service, the PodDisruptionBudget, the PodMonitor (with kube-prometheus-stack), and
+the Job that purges a retired cache namespace. Pure: the typed spec in, plain dicts out."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -277,6 +278,47 @@ def pod_disruption_budget(instance: str, namespace: str) -> dict[str, Any]:
                     "app.kubernetes.io/component": "ranker",
                 }
             },
+        },
+    }
+
+
+POD_MONITOR_API = "monitoring.coreos.com/v1"
+POD_TARGET_LABELS = ["app.kubernetes.io/instance", "kvrank.io/version"]
+"""Copied from the pod onto every series (as ``app_kubernetes_io_instance`` and
+``kvrank_io_version``): the alerts, the dashboard and the operator's Prometheus TTL source
+select a RankerDeployment and a model version by them."""
+
+
+@dataclass(frozen=True)
+class PodMonitoring:
+    """The operator's PodMonitor settings (chart: ``monitoring.podMonitor``)."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    """Extra labels, e.g. ``release: kube-prometheus-stack`` for its ``podMonitorSelector``."""
+    interval: str = "30s"
+
+
+def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[str, Any]:
+    """prometheus-operator's PodMonitor for every ranker pod of ``instance`` (any version)."""
+    return {
+        "apiVersion": POD_MONITOR_API,
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": f"{instance}-ranker",
+            "namespace": namespace,
+            "labels": {**settings.labels, **labels(instance)},
+        },
+        "spec": {
+            "selector": {
+                "matchLabels": {
+                    "app.kubernetes.io/instance": instance,
+                    "app.kubernetes.io/component": "ranker",
+                }
+            },
+            "podTargetLabels": POD_TARGET_LABELS,
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": settings.interval}
+            ],
         },
     }
 

@@ -141,6 +141,11 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
         'kvrank_http_responses_total{cache_namespace="ns-a",code="200",model_version="v1",'
         'route="/v1/score"} 2.0'
     ) in text
+    for outcome in ("miss", "l1"):  # latency by cache outcome: one request each
+        assert (
+            f'kvrank_request_seconds_count{{cache_namespace="ns-a",model_version="v1",'
+            f'outcome="{outcome}"}} 1.0'
+        ) in text
     assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
     assert "kvrank_request_interval_seconds_bucket" in text
     assert "kvrank_cache_hit_ratio" in text and "kvrank_cache_ttl_seconds" in text
