@@ -242,6 +242,24 @@ class Stack:
             f"--timeout={self.install_timeout_s}s",
         )
 
+    def monitoring_objects(self) -> dict[str, dict[str, Any]]:
+        """The chart's PrometheusRule and dashboard ConfigMap (``helm template``), by kind."""
+        rendered = self.cluster.helm(
+            "template", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
+            "--set", "monitoring.rules.enabled=true", "--set", "monitoring.dashboard.enabled=true",
+        ).stdout  # fmt: skip
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        return {d["kind"]: d for d in docs if d["kind"] in ("PrometheusRule", "ConfigMap")}
+
+    def alert_rules(self) -> dict[str, Any]:
+        """The chart's alerts as a Prometheus rule file."""
+        return dict(self.monitoring_objects()["PrometheusRule"]["spec"])
+
+    def dashboard(self) -> dict[str, Any]:
+        """The chart's Grafana dashboard."""
+        (text,) = self.monitoring_objects()["ConfigMap"]["data"].values()
+        return dict(json.loads(text))
+
     def upgrade_operator(self) -> None:
         """``helm upgrade`` the release to this tree's chart."""
         sets = [arg for v in self.chart_values for arg in ("--set", v)]
@@ -571,47 +589,26 @@ class LocalStack(Stack):
     def _start_prometheus(self) -> None:
         """Debian's Prometheus in the node's network namespace (pods reach it at the bridge
         address), scraping the pods that :class:`PodTargets` lists through the API server."""
-        rbac = [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus"}},
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": "prometheus"},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-                ],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "prometheus"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "prometheus",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": NS}],
-            },
-        ]
-        self.kubectl(
-            "apply",
-            "-n",
-            NS,
-            "-f",
-            "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}),
-        )
+        self.kubectl("create", "serviceaccount", "prometheus", "-n", NS)
+        for ns in (NS, OPERATOR_NS):  # the rankers and the operator: pods, read-only
+            self.kubectl("create", "role", "prometheus", "-n", ns, "--verb=get,list,watch",
+                         "--resource=pods")  # fmt: skip
+            self.kubectl("create", "rolebinding", "prometheus", "-n", ns, "--role=prometheus",
+                         f"--serviceaccount={NS}:prometheus")  # fmt: skip
         prom_dir = self.workdir / "prometheus"
         prom_dir.mkdir(parents=True, exist_ok=True)
         targets = prom_dir / "targets.json"
         kubeconfig = self.cluster.service_account_kubeconfig(NS, "prometheus", 4 * 3600)
-        self.discovery = PodTargets(kubeconfig, NS, targets)
+        self.discovery = PodTargets(kubeconfig, targets)
         self.discovery.start()
+        rules = prom_dir / "rules.yaml"
+        rules.write_text(yaml.safe_dump(self.alert_rules()))
         conf = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
             "scrape_configs": [
                 {
-                    "job_name": "kvrank-rankers",
+                    "job_name": "kvrank",
                     "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
                 }
             ],
@@ -644,20 +641,21 @@ class LocalStack(Stack):
 class PodTargets:
     """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
 
-    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what a
-    kube-prometheus-stack PodMonitor with ``podTargetLabels: [app.kubernetes.io/instance,
-    kvrank.io/version]`` gives: every Running pod annotated ``prometheus.io/scrape: "true"``
-    at ``podIP:prometheus.io/port``, with the target labels ``namespace``, ``pod``,
-    ``container``, ``endpoint``, ``job`` and the two pod labels in Prometheus' spelling. It
-    lists pods with Prometheus' own ServiceAccount token, so its RBAC is exercised as in a
-    cluster.
+    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what
+    kube-prometheus-stack makes of kvrank's monitors. The operator's PodMonitor (its
+    ``podTargetLabels: [app.kubernetes.io/instance, kvrank.io/version]``): every Running
+    ranker pod annotated ``prometheus.io/scrape: "true"`` at ``podIP:prometheus.io/port``,
+    with the target labels ``namespace``, ``pod``, ``container``, ``endpoint``, ``job`` and
+    the two pod labels in Prometheus' spelling. The chart's ServiceMonitor: every operator
+    pod at its ``metrics`` port, labelled ``namespace``, ``pod``, ``container``,
+    ``endpoint``, ``service`` and ``job`` (the Service's name). It lists pods with
+    Prometheus' own ServiceAccount token, so its RBAC is exercised as in a cluster.
     """
 
-    def __init__(self, kubeconfig: Path, namespace: str, out: Path) -> None:
+    def __init__(self, kubeconfig: Path, out: Path) -> None:
         from kubernetes import client, config
 
         self.api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
-        self.namespace = namespace
         self.out = out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -683,14 +681,24 @@ class PodTargets:
         os.replace(tmp, self.out)
 
     def targets(self) -> list[dict[str, Any]]:
+        return self.ranker_targets() + self.operator_targets()
+
+    def _running(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        pods = self.api.list_namespaced_pod(namespace, label_selector=selector).to_dict()
+        return [
+            p
+            for p in pods["items"]
+            if (p.get("status") or {}).get("phase") == "Running"
+            and p["status"].get("pod_ip")
+            and not p["metadata"].get("deletion_timestamp")
+        ]
+
+    def ranker_targets(self) -> list[dict[str, Any]]:
         out = []
-        pods: list[dict[str, Any]] = self.api.list_namespaced_pod(self.namespace).to_dict()["items"]
-        for pod in pods:
-            meta, st = pod["metadata"], pod.get("status") or {}
+        for pod in self._running(NS):
+            meta, st = pod["metadata"], pod["status"]
             ann = meta.get("annotations") or {}
-            if ann.get("prometheus.io/scrape") != "true" or st.get("phase") != "Running":
-                continue
-            if not st.get("pod_ip") or meta.get("deletion_timestamp"):
+            if ann.get("prometheus.io/scrape") != "true":
                 continue
             labels = meta.get("labels") or {}
             out.append(
@@ -704,6 +712,27 @@ class PodTargets:
                         "job": f"{meta['namespace']}/{labels.get('app.kubernetes.io/instance')}",
                         "app_kubernetes_io_instance": labels.get("app.kubernetes.io/instance", ""),
                         "kvrank_io_version": labels.get("kvrank.io/version", ""),
+                    },
+                }
+            )
+        return out
+
+    def operator_targets(self) -> list[dict[str, Any]]:
+        out = []
+        for pod in self._running(OPERATOR_NS, OPERATOR_SELECTOR):
+            meta, container = pod["metadata"], pod["spec"]["containers"][0]
+            port = next(p["container_port"] for p in container["ports"] if p["name"] == "metrics")
+            service = f"{RELEASE}-kvrank-operator"
+            out.append(
+                {
+                    "targets": [f"{pod['status']['pod_ip']}:{port}"],
+                    "labels": {
+                        "namespace": meta["namespace"],
+                        "pod": meta["name"],
+                        "container": container["name"],
+                        "endpoint": "metrics",
+                        "service": service,
+                        "job": service,
                     },
                 }
             )

@@ -15,6 +15,7 @@ import datetime as dt
 import itertools
 import json
 import math
+import re
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import yaml
@@ -799,8 +801,100 @@ def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> 
     assert writes == {}, f"writes in a minute of steady state: {writes}; status changes {changed}"
 
 
+# ---------------------------------------------------------------------------- monitoring
+def value_side(expr: str) -> str:
+    """An alert's measured value: its expression up to the first comparison outside
+    brackets and quotes (``rate(x[5m]) > 3 * rate(x[1h])`` → ``rate(x[5m])``)."""
+    depth, quote, i = 0, "", 0
+    while i < len(expr):
+        ch, two = expr[i], expr[i : i + 2]
+        if quote:
+            i += 2 if ch == "\\" else 1
+            quote = "" if ch == quote else quote
+            continue
+        if ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (ch in "<>" or two in ("==", "!=")):
+            return expr[:i].strip()
+        i += 1
+    return expr.strip()
+
+
+def promql(stack: Stack, query: str) -> list[dict[str, Any]]:
+    resp = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": query}, timeout=30)
+    body = resp.json()
+    assert body["status"] == "success", f"{query}: {body}"
+    return list(body["data"]["result"])
+
+
+def test_14_every_dashboard_panel_and_alert_query_returns_data(stack: Stack) -> None:
+    """The chart's dashboard and alerts against the Prometheus that scrapes the ranker pods
+    and the operator as kube-prometheus-stack's monitors would: each template variable
+    offers this RankerDeployment, every panel query returns a number (no panel left empty),
+    every alert's measured value returns data, and every rule evaluates without error."""
+    if stack.backend != "local":
+        pytest.skip("the kind backend runs no Prometheus")
+    instance = "ttl-ranker"  # auto TTL from Prometheus: the operator's series for it too
+    dashboard = stack.dashboard()
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < 20:  # users coming back (hits) and new ones (misses)
+        ok_score(stack, instance, f"dash-{i % 5}" if i % 3 else f"dash-new-{i}", i)
+        i += 1
+        time.sleep(0.1)
+    time.sleep(3)  # the last requests scraped
+
+    variables = {"$namespace": NS, "$instance": instance, "$__rate_interval": "1m"}
+
+    def grafana(text: str) -> str:  # what Grafana sends once the variables are chosen
+        for name in sorted(variables, key=len, reverse=True):
+            text = text.replace(name, variables[name])
+        assert "$" not in text, text
+        return text
+
+    for var in dashboard["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        call = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
+        assert call, var["query"]
+        values = httpx.get(
+            f"{stack.prometheus_url}/api/v1/label/{call[2]}/values",
+            params={"match[]": grafana(call[1])},
+            timeout=30,
+        ).json()["data"]
+        wanted = variables[f"${var['name']}"]
+        assert wanted in values, f"variable {var['name']}: {values}"
+
+    empty = []
+    queries = 0
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            queries += 1
+            result = promql(stack, grafana(target["expr"]))
+            numbers = [float(r["value"][1]) for r in result]
+            if not any(math.isfinite(v) for v in numbers):
+                empty.append((panel["title"], target["refId"], target["expr"], result))
+    assert queries >= 15 and empty == [], empty
+
+    rules = stack.alert_rules()
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 8
+    no_data = [a["alert"] for a in alerts if not promql(stack, value_side(a["expr"]))]
+    assert no_data == [], no_data
+    loaded = httpx.get(f"{stack.prometheus_url}/api/v1/rules", timeout=30).json()["data"]
+    health = {
+        r["name"]: (r["health"], r.get("lastError")) for g in loaded["groups"] for r in g["rules"]
+    }
+    assert set(health) == {a["alert"] for a in alerts}
+    assert {k: v for k, v in health.items() if v[0] != "ok"} == {}
+
+
 # ---------------------------------------------------------------------------- delete
-def test_14_delete_removes_everything_it_created(stack: Stack) -> None:
+def test_15_delete_removes_everything_it_created(stack: Stack) -> None:
     for name in ("feed-ranker", "ttl-ranker"):
         stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=false")
     for name in ("feed-ranker", "ttl-ranker"):
@@ -819,7 +913,7 @@ def test_14_delete_removes_everything_it_created(stack: Stack) -> None:
 
 
 # ---------------------------------------------------------------------------- uninstall
-def test_15_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
+def test_16_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
     doc = stack.adapt(example("basic.yaml"))
     doc["metadata"]["name"] = "left-behind"
     doc["spec"]["model"]["replicas"] = 1
