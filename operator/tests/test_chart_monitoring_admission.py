@@ -1,6 +1,6 @@
 """kvrank's monitoring objects are what prometheus-operator accepts: its CRDs (from its Go
 module) are installed into the session's API server, and every ServiceMonitor and
-PrometheusRule the chart renders, and the PodMonitor the operator makes for a
+PrometheusRule the chart renders (and its dashboard ConfigMap), and the PodMonitor the operator makes for a
 RankerDeployment, pass a strict server-side dry run."""
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def test_every_monitoring_object_is_admitted(admit, values: tuple[str, ...]) -> 
     docs = [
         d
         for d in render(*chart_values, *MONITORING)
-        if d["kind"] in ("ServiceMonitor", "PrometheusRule")
+        if d["kind"] in ("ServiceMonitor", "PrometheusRule", "ConfigMap")
     ]
-    assert len(docs) == 2
+    assert len(docs) == 3  # the ConfigMap: the Grafana dashboard
     for doc in docs:
         admitted, message = admit(doc)
         assert admitted, f"{doc['kind']}: {message}"
