@@ -1,7 +1,7 @@
 """kvrank's monitoring objects are what prometheus-operator accepts: its CRDs (from its Go
 module) are installed into the session's API server, and every ServiceMonitor and
-PrometheusRule the chart renders (and its dashboard ConfigMap), and the PodMonitor the operator makes for a
-RankerDeployment, pass a strict server-side dry run."""
+PrometheusRule the chart renders (and its dashboard ConfigMap), and the PodMonitor the
+operator makes for a RankerDeployment, pass a strict server-side dry run."""
 
 from __future__ import annotations
 
