@@ -70,7 +70,8 @@ def bench(
         bool, typer.Option(help="Also time L2 round trips on a private redis-server.")
     ] = True,
 ) -> None:
-    """Measure nocache / miss / hit / int8 / incremental scoring side by side."""
+    """Measure no-cache (batched, serial) / miss / hit / int8 / incremental scoring side by
+    side."""
     import shutil
     import tempfile
 
@@ -111,8 +112,12 @@ def serve(
     ] = None,
     l1_bytes: Annotated[int | None, typer.Option(help="L1 byte budget.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    torch_threads: Annotated[
+        int | None, typer.Option(help="torch intra-op threads (0: one per core).")
+    ] = None,
     no_cache: Annotated[
-        bool, typer.Option(help="Serve without K/V cache (C full forwards; the baseline).")
+        bool,
+        typer.Option(help="Serve without K/V cache (the C full sequences batched; the baseline)."),
     ] = False,
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
@@ -131,6 +136,7 @@ def serve(
         "config_file": str(config) if config else None,
         "l1_bytes": l1_bytes,
         "device": device,
+        "torch_threads": torch_threads,
         "cache_mode": "full" if no_cache else None,
     }
     if redis:
@@ -163,13 +169,38 @@ def loadtest(
     ] = "quick",
     model: Annotated[Path | None, typer.Option(help="Artifact (default: seed-fixed).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    users: Annotated[int | None, typer.Option(min=1, help="Distinct users.")] = None,
+    zipf: Annotated[
+        float | None, typer.Option(min=0.0, help="Zipf exponent of user popularity.")
+    ] = None,
+    arrival: Annotated[
+        str | None, typer.Option(help="poisson, or bursty (heavy-tailed Pareto gaps).")
+    ] = None,
+    rate: Annotated[float | None, typer.Option(min=0.01, help="Mean requests/s.")] = None,
+    candidates: Annotated[int | None, typer.Option(min=1, help="Candidates per request.")] = None,
+    new_events_prob: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="Chance a returning user brings new events."),
+    ] = None,
+    pods: Annotated[int, typer.Option(min=1, help="Cache-enabled rankers sharing Redis.")] = 2,
 ) -> None:
-    """Replay a workload against cache-enabled and cache-disabled servers, side by side."""
+    """Replay a workload against cache-enabled and cache-disabled servers, side by side.
+    The profile sets the workload; each option replaces one of its knobs."""
     from kvrank.tools.jobs import run_loadtest
 
     if profile not in ("smoke", "quick", "full"):
         raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
-    run_loadtest(profile, model, json_out)
+    if arrival not in (None, "poisson", "bursty"):
+        raise typer.BadParameter("poisson or bursty", param_hint="--arrival")
+    knobs = {
+        "users": users,
+        "zipf_s": zipf,
+        "arrival": arrival,
+        "rate_qps": rate,
+        "candidates": candidates,
+        "new_events_prob": new_events_prob,
+    }
+    run_loadtest(profile, model, json_out, knobs, pods)
 
 
 @cache_app.command("purge")

@@ -2,9 +2,13 @@
 
 The event loop must keep serving I/O (cache reads, other requests) while the model
 computes, so every model call goes through :meth:`ModelRunner.run` onto a single worker
-thread (one at a time: a GPU gains nothing from two). With a micro-batching window, the
-``score`` calls that arrive within it are scored in one pass (pays off on GPUs; off by
-default). This module knows nothing of caching.
+thread (one at a time: a GPU gains nothing from two). That thread is the process's one
+:func:`model_thread`, and loading the model runs there too: torch's OpenMP pool belongs to
+the thread that starts a parallel region, and a second such thread makes libgomp throttle
+its spin-waiting once the pools outnumber the cores, which slows every parallel region
+(a quick-size score on 2 cores: 10 ms on one thread, 17 ms once another had run torch).
+With a micro-batching window, the ``score`` calls that arrive within it are scored in one
+pass (pays off on GPUs; off by default). This module knows nothing of caching.
 """
 
 from __future__ import annotations
@@ -21,12 +25,22 @@ from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
 
 R = TypeVar("R")
+_MODEL_THREAD: ThreadPoolExecutor | None = None
+
+
+def model_thread() -> ThreadPoolExecutor:
+    """The process's one thread for torch work (created on first use, lives with the
+    process)."""
+    global _MODEL_THREAD
+    if _MODEL_THREAD is None:
+        _MODEL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrank-model")
+    return _MODEL_THREAD
 
 
 class ModelRunner:
     def __init__(self, model: RankerModel, microbatch_s: float = 0.0, max_batch: int = 32):
         self.model = model
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrank-model")
+        self._executor = model_thread()
         self.batcher = MicroBatcher(self, microbatch_s, max_batch) if microbatch_s > 0 else None
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
@@ -40,7 +54,8 @@ class ModelRunner:
         return await self.run(self.model.score, kv, cands)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Wait for the model work submitted so far (the thread itself is the process's)."""
+        self._executor.submit(lambda: None).result()
 
 
 class MicroBatcher:

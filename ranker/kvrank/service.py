@@ -20,6 +20,7 @@ from kvrank.cache import CacheKey, Created, Outcome, TieredCache, sequence_chain
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.inputs import Candidates, UserFeatures
+from kvrank.model.kv import UserKV
 from kvrank.model.ranker import DEFAULT_REFRESH_EVERY, RankerModel
 from kvrank.runner import ModelRunner
 
@@ -27,14 +28,21 @@ from kvrank.runner import ModelRunner
 @dataclass
 class ServiceSettings:
     kv_dtype: KVDType | None = None
+    incremental: Literal["exact", "approximate", "off"] = "exact"
+    """``exact``: extend a cached prefix only when the result equals a full encode
+    (:meth:`RankerModel.extend_is_exact`), else encode in full; ``approximate``: extend also
+    once a window slides (bounded drift, re-encoded every ``refresh_every``); ``off``: never
+    extend."""
     refresh_every: int = DEFAULT_REFRESH_EVERY
-    """Encode from scratch once a cached prefix has been extended this many events."""
+    """``approximate``: encode from scratch once a cached prefix has been extended this many
+    times."""
     microbatch_ms: float = 0.0
     """> 0: collect concurrent requests for up to this long and score them in one pass
     (pays off on GPUs; off by default)."""
     microbatch_max: int = 32
     cache_mode: Literal["kv", "full"] = "kv"
-    """``full`` serves without any K/V cache: C full forwards per request (the baseline)."""
+    """``full`` serves without any K/V cache: each request's C full sequences batched (the
+    strongest no-cache server, the baseline)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class RankingService:
         if interval is not None:
             self.metrics.intervals.observe(interval)
         if self.settings.cache_mode == "full":
-            logits = await self.runner.run(self.model.forward_full, user, cands, False)
+            logits = await self.runner.run(self.model.forward_full, user, cands)
             return self._result(logits, Outcome.NONE, {"total": _ms(start)})
         t = time.perf_counter()
         chain = sequence_chain(user, self.fingerprint)
@@ -90,8 +98,7 @@ class RankingService:
         """Extend the longest cached prefix of the user's events, else encode them all."""
         prefix = await self.cache.find_prefix(key, chain)
         t = time.perf_counter()
-        every = self.settings.refresh_every
-        if prefix is not None and not self.model.refresh_due(prefix.kv, every):
+        if prefix is not None and self._may_extend(prefix.kv, len(user.events) - prefix.events):
             new_events = user.events.slice(prefix.events)
             kv = await self.runner.run(self.model.extend_user, prefix.kv, new_events)
             timings["extend"] = _ms(t)
@@ -101,6 +108,12 @@ class RankingService:
         timings["encode"] = _ms(t)
         self.metrics.encodes["full"].inc()
         return Created(kv, Outcome.MISS)
+
+    def _may_extend(self, kv: UserKV, n_new: int) -> bool:
+        mode = self.settings.incremental
+        if mode == "exact":
+            return self.model.extend_is_exact(kv, n_new)
+        return mode == "approximate" and not self.model.refresh_due(kv, self.settings.refresh_every)
 
     def _result(self, logits: Tensor, outcome: Outcome, timings: dict[str, float]) -> ScoreResult:
         self.metrics.observe_request(outcome.value, timings)

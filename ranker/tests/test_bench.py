@@ -13,14 +13,16 @@ REQUIRED = {
     "profile",
     "shapes",
     "modes",
-    "speedup_hit_vs_nocache",
-    "speedup_miss_vs_nocache",
+    "speedup_hit_vs_nocache_batched",
+    "speedup_miss_vs_nocache_batched",
+    "speedup_hit_vs_nocache_serial",
+    "speedup_miss_vs_nocache_serial",
     "max_abs_diff_fp32",
     "int8_max_abs_logit_diff",
     "int8_auc_delta",
     "kv_bytes_per_user",
 }
-MODES = {"nocache", "nocache_batched", "miss", "hit", "hit_int8", "incremental"}
+MODES = {"nocache_batched", "nocache_serial", "miss", "hit", "hit_int8", "incremental"}
 
 
 @pytest.mark.slow
@@ -66,4 +68,4 @@ def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
     assert rt["int8_compact"]["entry_bytes"] < rt["bf16"]["entry_bytes"]
     assert rt["bf16"]["get_p50_ms"] > 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    assert "speed-up hit vs nocache" in proc.stdout
+    assert "speed-up vs batched no-cache" in proc.stdout

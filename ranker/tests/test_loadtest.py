@@ -7,15 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 KEYS = {
+    "oracle_hit_ratio",
+    "hit_ratio_vs_oracle",
+    "cache_pods",
     "hit_ratio",
     "l1_hit_ratio",
     "l2_hit_ratio",
     "cache",
-    "nocache",
-    "p99_speedup",
+    "nocache_batched",
+    "p99_speedup_vs_batched",
+    "p50_speedup_vs_batched",
     "qps",
     "user_encodes",
     "errors",
@@ -34,6 +39,12 @@ def test_smoke_loadtest_reports_cache_effects(tmp_path: Path) -> None:
             "smoke",
             "--json",
             str(out),
+            "--arrival",
+            "bursty",
+            "--users",
+            "8",
+            "--pods",
+            "3",
         ],
         capture_output=True,
         text=True,
@@ -44,10 +55,40 @@ def test_smoke_loadtest_reports_cache_effects(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert set(report) >= KEYS
     assert report["errors"] == 0
+    assert report["workload"]["arrival"] == "bursty" and report["workload"]["users"] == 8
+    assert report["cache_pods"] == 3
+    # 8 users over 80 requests: all but their first requests could hit
+    assert 0.8 < report["oracle_hit_ratio"] <= 72 / 80
+    assert report["hit_ratio_vs_oracle"] == pytest.approx(
+        report["hit_ratio"] / report["oracle_hit_ratio"]
+    )
+    assert report["hit_ratio_vs_oracle"] > 0.9
     assert report["redis"] == "redis-server (local)"
     assert 0.5 < report["hit_ratio"] <= 1.0 and report["l2_hit_ratio"] > 0
     # 10 users: at most one full encode per user plus TTL/refresh re-encodes, never per request
     assert report["user_encodes"]["full"] < report["cache"]["requests"] / 2
-    assert report["cache"]["p50_ms"] < report["nocache"]["p50_ms"]
-    for side in ("cache", "nocache"):
+    # against the strongest no-cache server: the C sequences batched
+    assert "batched" in report["nocache_mode"]
+    assert report["cache"]["p50_ms"] < report["nocache_batched"]["p50_ms"]
+    for side in ("cache", "nocache_batched"):
         assert {"p50_ms", "p99_ms", "qps"} <= set(report[side])
+
+
+def test_the_oracle_counts_returning_users_and_both_arrival_laws_keep_the_rate() -> None:
+    from kvrank.model.config import QUICK
+    from kvrank.tools.workload import Workload, WorkloadSettings
+
+    gaps = {}
+    for law in ("poisson", "bursty"):
+        settings = WorkloadSettings(users=50, rate_qps=20.0, candidates=4, arrival=law)
+        reqs = list(Workload(QUICK, settings).requests(3000))
+        seen: set[str] = set()
+        for r in reqs:
+            assert r.returning == (r.user_id in seen)
+            seen.add(r.user_id)
+        times = np.array([r.at_s for r in reqs])
+        gaps[law] = np.diff(times)
+        assert len(reqs) / times[-1] == pytest.approx(20.0, rel=0.25), law
+    # bursty: most gaps far shorter than Poisson's, a few far longer
+    assert np.median(gaps["bursty"]) < 0.6 * np.median(gaps["poisson"])
+    assert gaps["bursty"].max() > 3 * gaps["poisson"].max()

@@ -7,7 +7,7 @@ objects on the model's device, ``redis_store`` keeps the bytes made by ``entry``
 tier failure is a miss, never an exception that reaches a request.
 """
 
-from kvrank.cache.entry import encode_entry
+from kvrank.cache.entry import decode_entry, encode_entry
 from kvrank.cache.keys import CacheKey, Head, sequence_chain
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.metrics import CONSTANT_LABELS, CacheCollector
@@ -42,6 +42,7 @@ __all__ = [
     "Store",
     "TTLSettings",
     "TieredCache",
+    "decode_entry",
     "encode_entry",
     "purge_namespace",
     "sequence_chain",

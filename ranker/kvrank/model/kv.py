@@ -7,17 +7,19 @@ fp32, bf16, fp16 or int8; int8 is symmetric with per-channel scales for K and pe
 scales for V (as in KIVI) and is dequantised on use.
 
 Bytes are safetensors (no pickle); metadata carries the model fingerprint, version and
-lengths. This module never decides whether an entry is fresh: that is the cache's job.
+lengths. Reading them copies nothing: on the CPU each tensor is a read-only view on the
+received buffer (the bytes Redis returned), elsewhere it takes one copy to the device. This
+module never decides whether an entry is fresh: that is the cache's job.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from dataclasses import dataclass, field, replace
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
@@ -32,6 +34,13 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "int8": torch.int8,
 }
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I8": torch.int8,
+}
+"""The safetensors dtypes a ``UserKV`` is written with (K/V, INT8 scales, NS inputs)."""
 
 
 @dataclass(frozen=True)
@@ -130,12 +139,13 @@ class UserKV:
         return st_save(tensors, metadata={"kvrank": json.dumps(header)})
 
     @staticmethod
-    def from_bytes(data: bytes, device: torch.device | str = "cpu") -> UserKV:
-        """Parse :meth:`to_bytes` output; any inconsistency raises ``CorruptEntryError``."""
+    def from_bytes(data: bytes | memoryview, device: torch.device | str = "cpu") -> UserKV:
+        """Parse :meth:`to_bytes` output without copying it (the tensors keep ``data``
+        alive); any inconsistency raises ``CorruptEntryError``."""
         try:
-            tensors = st_load(data)
-            header = json.loads(_metadata(data)["kvrank"])
-        except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+            tensors, metadata = _view_safetensors(memoryview(data))
+            header = json.loads(metadata["kvrank"])
+        except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(f"unreadable K/V payload: {exc}") from exc
         try:
             if header["format"] != FORMAT_VERSION:
@@ -169,17 +179,36 @@ class UserKV:
             raise CorruptEntryError(f"inconsistent K/V payload: {exc!r}") from exc
 
 
-def _metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors blob (safetensors' load drops it)."""
-    if len(data) < 8:
+def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors of a safetensors blob as views on ``buf`` (no copy), and its
+    ``__metadata__``. Every offset, size and dtype is checked against the buffer first."""
+    if len(buf) < 8:
         raise ValueError("payload shorter than its length prefix")
-    size = int.from_bytes(data[:8], "little")
-    if size > len(data) - 8:
+    size = int.from_bytes(buf[:8], "little")
+    if size > len(buf) - 8:
         raise ValueError("header length exceeds payload")
-    meta = json.loads(data[8 : 8 + size]).get("__metadata__")
-    if not isinstance(meta, dict):
+    header = json.loads(bytes(buf[8 : 8 + size]))
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         raise ValueError("no metadata")
-    return meta
+    base, data_len = 8 + size, len(buf) - 8 - size
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        shape = [int(d) for d in info["shape"]]
+        start, end = (int(o) for o in info["data_offsets"])
+        count = math.prod(shape)
+        if not 0 <= start <= end <= data_len or end - start != count * dtype.itemsize:
+            raise ValueError(f"tensor {name}: offsets {start}..{end} do not fit {shape} {dtype}")
+        if count == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        with warnings.catch_warnings():  # read-only by design: nothing writes into K/V
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start)
+        tensors[name] = flat.view(shape)
+    return tensors, header["__metadata__"]
 
 
 def _check_layer(lk: LayerKV, kv_dtype: str, i: int) -> None:

@@ -99,9 +99,9 @@ class RankerModel(nn.Module):
     def extend_user(self, user_kv: UserKV, new_events: Events) -> UserKV:
         """Append ``new_events`` to a cached user, computing only the new tokens.
 
-        Exact while no real event falls out of any layer's window; once the window slides,
-        earlier tokens keep K/V that still reflect the dropped events (bounded drift, reset
-        by a full :meth:`encode_user` every ``refresh_every`` increments).
+        Exact when :meth:`extend_is_exact` says so; otherwise earlier tokens keep K/V that
+        still reflect events a window has dropped since (a bounded drift: the serving default
+        encodes in full instead).
         """
         self.check_kv(user_kv)
         if len(user_kv.layers) != self.cfg.n_layers:
@@ -189,8 +189,9 @@ class RankerModel(nn.Module):
         self, user: UserFeatures, candidates: Candidates, batched: bool = True
     ) -> Tensor:
         """No-cache reference logits ``[C]``: each candidate's full sequence
-        ``[user | candidate]`` through the whole model. ``batched=False`` runs the C
-        sequences one after another (what serving without a cache does)."""
+        ``[user | candidate]`` through the whole model, batched (what serving without a
+        cache does: the strongest no-cache baseline). ``batched=False`` runs the C sequences
+        one after another (a benchmark mode only)."""
         user.validate(self.cfg)
         candidates.validate(self.cfg)
         x_seq, valid, x_ns = self._user_tokens(user)
@@ -234,6 +235,28 @@ class RankerModel(nn.Module):
             raise IncompatibleKVError(
                 f"UserKV length {user_kv.length} outside [1, {cfg.max_events}]"
             )
+
+    def extend_is_exact(self, user_kv: UserKV, n_new: int) -> bool:
+        """Whether :meth:`extend_user` with ``n_new`` events gives the K/V a full encode of
+        the longer history gives (fp32: within rounding).
+
+        Rows reused at a layer are projections of that layer's inputs, which were computed
+        when the old tokens attended over every layer below; those inputs are still right
+        unless some lower layer's window slid since, dropping events the old tokens had
+        attended to. So: exact unless a layer whose window now holds more events than it
+        admits (``length + n_new > entering(layer)``) lies below a layer that reuses rows
+        (one admitting more than the ``n_new`` new tokens). Windows at the top layer may
+        slide freely; a one-layer model is always exact; a pyramid is exact while each
+        window below the deepest reusing layer still holds the whole history.
+        """
+        total = user_kv.length + n_new
+        slid_below = False
+        for layer in range(self.cfg.n_layers):
+            window = self.cfg.entering(layer)
+            if slid_below and window > n_new:
+                return False
+            slid_below = slid_below or total > window
+        return True
 
     @staticmethod
     def refresh_due(user_kv: UserKV, refresh_every: int = DEFAULT_REFRESH_EVERY) -> bool:

@@ -37,6 +37,7 @@ from kvrank.cache import (
 from kvrank.errors import ArtifactError, IncompatibleKVError, InputError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import load_model, resolve_artifact
+from kvrank.runner import model_thread
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
@@ -55,6 +56,9 @@ class AppState:
 
 
 def build_service(cfg: ServerConfig) -> RankingService:
+    """Everything a server needs; runs on the model thread (see :mod:`kvrank.runner`)."""
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
     local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
     model = load_model(local, cfg.device)
     if cfg.model_version is not None and model.version != cfg.model_version:
@@ -84,6 +88,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
     cache = TieredCache(cache_settings, L1Store(cfg.l1_bytes), l2, AdaptiveTTL(cfg.ttl))
     settings = ServiceSettings(
         kv_dtype=cfg.kv_dtype,
+        incremental=cfg.incremental,
         refresh_every=cfg.refresh_every,
         cache_mode=cfg.cache_mode,
         microbatch_ms=cfg.microbatch_ms,
@@ -146,7 +151,9 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.service is None:
-            state.service = await asyncio.to_thread(build_service, cfg)
+            # on the model thread: loading runs torch too (see kvrank.runner)
+            loop = asyncio.get_running_loop()
+            state.service = await loop.run_in_executor(model_thread(), build_service, cfg)
         if cfg.config_file:
             with contextlib.suppress(OSError):
                 state.config_mtime = Path(cfg.config_file).stat().st_mtime

@@ -73,17 +73,34 @@ class ServerConfig(BaseSettings):
         " (a mismatch is never cached) and on a local directory.",
     )
     device: str = "cpu"
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="torch intra-op threads; 0: torch's default (one per core). Lower it when"
+        " several rankers share a host's cores.",
+    )
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None
     l1_bytes: int = Field(L1_BYTES_DEFAULT, ge=0)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     ttl: TTLSettings = Field(default_factory=TTLSettings)
     cache_mode: Literal["kv", "full"] = Field(
-        "kv", description="kv: cached K/V; full: no cache, C full forwards per request."
+        "kv",
+        description="kv: cached K/V; full: no cache, the C full sequences batched (chunks of"
+        " 32) per request.",
     )
     lock_wait_ms: float = Field(LOCK_WAIT_S * 1e3, ge=0, le=1000)
     microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
-    refresh_every: int = Field(DEFAULT_REFRESH_EVERY, ge=1)
+    incremental: Literal["exact", "approximate", "off"] = Field(
+        "exact",
+        description="exact: extend a cached user only when it equals a full encode, else"
+        " encode in full; approximate: extend also once a window slides (bounded drift,"
+        " see refresh_every); off: always encode in full.",
+    )
+    refresh_every: int = Field(
+        DEFAULT_REFRESH_EVERY, ge=1, description="approximate: full encode after N extends."
+    )
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
     drain_delay_s: float = Field(
         5.0,

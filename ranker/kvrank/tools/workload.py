@@ -1,17 +1,21 @@
-"""A realistic ranking workload: Zipf-popular users, Poisson arrivals, growing histories.
+"""A realistic ranking workload: Zipf-popular users, Poisson or bursty arrivals, growing
+histories.
 
 Each request picks a user by Zipf popularity (a few users come back often, most rarely),
-arrives after an exponential gap (Poisson traffic at the target rate), and with some
-probability the user has gained new events since their last request — so refreshes hit
-the cache, sessions extend it incrementally, and cold users miss. Deterministic per seed.
-Builds request bodies only; sending them is :mod:`kvrank.tools.replay`'s job.
+arrives after a gap drawn for the arrival law at the target mean rate — exponential
+(Poisson traffic) or heavy-tailed Pareto (bursts of near-simultaneous requests between long
+pauses) —, and with some probability the user has gained new events since their last
+request — so refreshes hit the cache, sessions extend it incrementally, and cold users
+miss. Each request records whether its user was seen before: the share of those is the
+**oracle hit ratio**, what an unbounded, never-expiring cache would serve. Deterministic
+per seed. Builds request bodies only; sending them is :mod:`kvrank.tools.replay`'s job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,7 +33,13 @@ class WorkloadSettings:
     candidates: int = 100
     new_events_prob: float = 0.15
     """Chance that a returning user brings 1–3 new events (session activity)."""
+    arrival: Literal["poisson", "bursty"] = "poisson"
     seed: int = 0
+
+
+PARETO_SHAPE = 1.5
+"""Tail index of the bursty law's gaps: finite mean, infinite variance (most gaps tiny, a few
+very long), as measured for request bursts in web traffic."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class Request:
     at_s: float  # scheduled send time from the start of the replay
     user_id: str
     body: dict[str, Any]
+    returning: bool = False
+    """The user sent a request before: an unbounded, never-expiring cache would hit."""
 
 
 @dataclass
@@ -55,13 +67,22 @@ class Workload:
     def requests(self, count: int) -> Iterator[Request]:
         t = 0.0
         for i in range(count):
-            t += float(self.rng.exponential(1.0 / self.settings.rate_qps))
+            t += self._gap()
             uid = int(self.rng.choice(self.settings.users, p=self.popularity))
+            returning = uid in self._users
             user = self._user(uid)
             cands, _, _ = self.world.candidates(
                 self.world.user(uid), self.settings.candidates, seed=i
             )
-            yield Request(t, f"user{uid}", request_body(f"user{uid}", user, cands))
+            yield Request(t, f"user{uid}", request_body(f"user{uid}", user, cands), returning)
+
+    def _gap(self) -> float:
+        """Seconds to the next request; the mean is ``1 / rate_qps`` under either law."""
+        mean = 1.0 / self.settings.rate_qps
+        if self.settings.arrival == "poisson":
+            return float(self.rng.exponential(mean))
+        # Lomax (Pareto II) with shape a has mean scale / (a - 1)
+        return float(self.rng.pareto(PARETO_SHAPE)) * mean * (PARETO_SHAPE - 1)
 
     def _user(self, uid: int) -> UserFeatures:
         if uid not in self._users:

@@ -1,10 +1,11 @@
 """Cached scoring equals the no-cache reference, across shapes, padding, pyramid schedules
-and candidate_layers; extend_user equals a full re-encode while nothing leaves the window."""
+and candidate_layers; extend_user equals a full re-encode whenever extend_is_exact says so
+(and the serving default extends only then)."""
 
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvrank.model.config import ModelConfig
@@ -85,6 +86,53 @@ def test_extend_equals_reencode_while_window_holds(
     assert extended.increments == 1
     diff = (model.score(extended, cands) - model.score(fresh, cands)).abs().max().item()
     assert diff <= FP32_TOL
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(), data=st.data())
+def test_an_extend_called_exact_equals_a_full_encode(
+    cfg: ModelConfig, data: st.DataObject, factory
+) -> None:
+    """Any history length (windows full or not, pyramids, one layer or several): whenever
+    extend_is_exact holds, the extended K/V score like a full encode of the longer history."""
+    seed = data.draw(st.integers(0, 10_000))
+    n_old = data.draw(st.integers(1, cfg.max_events + 3))
+    n_new = data.draw(st.integers(1, cfg.max_events + 2))
+    model = factory.model(cfg, seed)
+    user = factory.user(cfg, n_old, seed)
+    new = factory.events(cfg, n_new, seed + 7)
+    old = model.encode_user(user)
+    exact = model.extend_is_exact(old, n_new)
+    event(f"exact={exact}, window slid={n_old + n_new > cfg.max_events}")
+    if not exact:
+        return
+    cands = factory.candidates(cfg, 3, seed)
+    extended = model.extend_user(old, new)
+    fresh = model.encode_user(user.with_events(user.events.cat(new)))
+    diff = (model.score(extended, cands) - model.score(fresh, cands)).abs().max().item()
+    assert diff <= FP32_TOL, (cfg.n_layers, cfg.pyramid, cfg.max_events, n_old, n_new)
+
+
+def test_a_deep_pyramid_is_not_extended_once_a_middle_window_slides(factory) -> None:
+    """4 layers, pyramid (64, 32, 16, 8) over 128 events, 60 events then 3 more: the 32-token
+    window below reusing layers slid, so extending would drift; the check says so, and it
+    lets the same append through while every window below still holds the history."""
+    cfg = ModelConfig(
+        d_model=16, n_heads=2, n_layers=4, max_events=128, pyramid=(64, 32, 16, 8),
+        ns_tokens=2, cand_tokens=2, item_buckets=997, profile_buckets=101, n_categories=8,
+        emb_dim=4,
+    )  # fmt: skip
+    model = factory.model(cfg, 3)
+    cands = factory.candidates(cfg, 5, 3)
+    for n_old, exact in ((60, False), (10, True)):
+        user = factory.user(cfg, n_old, 3)
+        new = factory.events(cfg, 3, 11)
+        old = model.encode_user(user)
+        assert model.extend_is_exact(old, 3) is exact
+        extended = model.extend_user(old, new)
+        fresh = model.encode_user(user.with_events(user.events.cat(new)))
+        diff = (model.score(extended, cands) - model.score(fresh, cands)).abs().max().item()
+        assert (diff <= FP32_TOL) is exact, (n_old, diff)
 
 
 def test_candidates_never_see_each_other(factory, tiny_cfg) -> None:

@@ -47,6 +47,25 @@ def test_appended_events_are_computed_incrementally(
     assert torch.allclose(torch.tensor(doc["scores"]), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["exact", "approximate"])
+def test_once_a_window_slides_the_default_encodes_in_full_and_stays_exact(
+    make_client, model, request_for, factory, server_cfg, make_body, mode
+) -> None:
+    """31 events, then 3 more: the 32-event window slides under a layer that reuses rows.
+    By default the server encodes the user in full (scores equal the full forward pass);
+    ``incremental: approximate`` extends anyway, and its scores drift."""
+    client = make_client(incremental=mode)
+    user, cands, req = request_for(n=31)
+    assert client.post("/v1/score", json=req).json()["cache"] == "miss"
+    longer = user.with_events(user.events.cat(factory.events(server_cfg, 3, 77)))
+    doc = client.post("/v1/score", json=make_body("u1", longer, cands)).json()
+    drift = (torch.tensor(doc["scores"]) - model.forward_full(longer, cands).sigmoid()).abs()
+    if mode == "exact":
+        assert doc["cache"] == "miss" and drift.max() <= 1e-5
+    else:
+        assert doc["cache"] == "incremental" and drift.max() > 1e-5
+
+
 @pytest.mark.parametrize(
     ("mutate", "status", "field"),
     [
