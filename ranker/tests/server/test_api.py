@@ -238,6 +238,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
     samples = {
         "KVRANK_KV_DTYPE": "int8",
         "KVRANK_CACHE_MODE": "full",
+        "KVRANK_INCREMENTAL": "approximate",
         "KVRANK_HOST": "0.0.0.0",
         "KVRANK_MAX_BODY_BYTES": "2048",
         "KVRANK_TTL_JITTER": "0.2",
