@@ -41,6 +41,7 @@ from kvrank.runner import model_thread
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
+from kvrank.server.shadow import SHADOW_HEADER, ShadowConfig, ShadowMirror
 from kvrank.service import RankingService, ServiceSettings
 
 log = logging.getLogger("kvrank.server")
@@ -53,6 +54,9 @@ class AppState:
     service: RankingService | None = None
     ready: bool = False
     config_mtime: float = 0.0
+    shadow_config: ShadowConfig | None = None
+    """The shadow section in force (reloaded with the file)."""
+    shadow: ShadowMirror | None = None
 
 
 def build_service(cfg: ServerConfig) -> RankingService:
@@ -138,10 +142,16 @@ async def _watch_config(state: AppState) -> None:
             if mtime == state.config_mtime:
                 continue
             state.config_mtime = mtime
-            ttl = TTLSettings.model_validate(read_file(path).get("ttl", {}))
+            doc = read_file(path)
+            ttl = TTLSettings.model_validate(doc.get("ttl", {}))
+            state.shadow_config = ShadowConfig.model_validate(doc.get("shadow", {}))
             if state.service is not None:
                 state.service.cache.ttl.settings = ttl
-                log.info("config reloaded: ttl %s", ttl.model_dump())
+                log.info(
+                    "config reloaded: ttl %s, shadow %s",
+                    ttl.model_dump(),
+                    state.shadow_config.model_dump(),
+                )
 
 
 def create_app(cfg: ServerConfig, service: RankingService | None = None) -> FastAPI:
@@ -158,11 +168,19 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
             with contextlib.suppress(OSError):
                 state.config_mtime = Path(cfg.config_file).stat().st_mtime
         await _warm_up(state.service)
+        state.shadow_config = cfg.shadow
+        state.shadow = ShadowMirror(
+            lambda: state.shadow_config or cfg.shadow,
+            state.service.metrics.registry,
+            {"model_version": state.service.model.version, "cache_namespace": cfg.namespace},
+        )
+        state.shadow.start()
         state.ready = True
         watcher = asyncio.create_task(_watch_config(state))
         yield
         state.ready = False
         watcher.cancel()
+        await state.shadow.stop()
         await state.service.close()
 
     app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
@@ -238,10 +256,13 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         request.state.cache = result.outcome.value
         request.state.candidates = len(result.scores)
         request.state.model_version = svc.model.version
+        scores = [float(x) for x in result.scores]
+        if state.shadow is not None and SHADOW_HEADER not in request.headers:
+            state.shadow.offer(body, scores)  # enqueued at most: sent after this answer
         return ScoreResponse(
             request_id=request.state.request_id,
             model_version=svc.model.version,
-            scores=[float(x) for x in result.scores],
+            scores=scores,
             cache=result.outcome.value,
             timings_ms=result.timings_ms,
         )

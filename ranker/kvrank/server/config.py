@@ -5,8 +5,8 @@ defaults ← an optional JSON/YAML file ← ``KVRANK_*`` environment variables �
 Every field is also an environment variable: ``KVRANK_<FIELD>`` for top-level fields and
 ``KVRANK_<SECTION>_<FIELD>`` inside a section (``KVRANK_REDIS_URL``,
 ``KVRANK_TTL_FIXED_SECONDS``), so the names cannot drift from the fields. The file is
-watched while serving: changes to its ``ttl`` section (the operator writes it) apply
-without a restart. Secrets (the Redis password) come from ``KVRANK_REDIS_PASSWORD`` or a
+watched while serving: changes to its ``ttl`` and ``shadow`` sections (the operator writes
+them) apply without a restart. Secrets (the Redis password) come from ``KVRANK_REDIS_PASSWORD`` or a
 mounted Secret file, never from the config file.
 """
 
@@ -26,6 +26,7 @@ from kvrank.cache import LOCK_WAIT_S, TTLSettings
 from kvrank.model.config import KVDType
 from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
 from kvrank.server.logs import LogConfig
+from kvrank.server.shadow import ShadowConfig
 
 ENV_PREFIX = "KVRANK_"
 L1_BYTES_DEFAULT = 512 * 2**20
@@ -125,6 +126,11 @@ class ServerConfig(BaseSettings):
     )
     config_file: str | None = None
     log: LogConfig = Field(default_factory=LogConfig)
+    shadow: ShadowConfig = Field(
+        default_factory=ShadowConfig,
+        description="Mirror a sampled share of answered requests to a canary and compare"
+        " scores; hot-reloaded from the file.",
+    )
 
     @classmethod
     def settings_customise_sources(

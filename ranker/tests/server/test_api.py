@@ -239,6 +239,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_KV_DTYPE": "int8",
         "KVRANK_CACHE_MODE": "full",
         "KVRANK_INCREMENTAL": "approximate",
+        "KVRANK_SHADOW_SAMPLE": "0.5",
         "KVRANK_HOST": "0.0.0.0",
         "KVRANK_MAX_BODY_BYTES": "2048",
         "KVRANK_TTL_JITTER": "0.2",

@@ -1,0 +1,108 @@
+"""Shadow scoring between real `kvrank serve` processes: a stable pod mirrors its answered
+requests to a canary pod, which warms its cache with them, and measures how far the
+canary's scores are; a canary that is down fails no request of the stable pod."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+from conftest import SERVER_CFG, ServerProcess
+
+from kvrank.model.artifact import save_model
+from kvrank.server.shadow import compare
+from kvrank.tools.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_compare_sees_equal_reordered_and_shifted_scores() -> None:
+    a = np.array([0.9, 0.5, 0.1, 0.7])
+    delta, rho, changed = compare(a, a.copy(), 2)
+    assert delta.max() == 0 and rho == pytest.approx(1.0) and not changed
+    delta, rho, changed = compare(a, 1 - a, 2)  # the same candidates, reversed order
+    assert rho == pytest.approx(-1.0) and changed
+    delta, rho, changed = compare(a, a + 0.01, 2)  # shifted: same order, same top 2
+    assert delta.max() == pytest.approx(0.01) and rho == pytest.approx(1.0) and not changed
+
+
+def wait_for(what: str, cond, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def shadowing(target: str, sample: str = "1") -> dict[str, str]:
+    return {"KVRANK_SHADOW_URL": target, "KVRANK_SHADOW_SAMPLE": sample, "KVRANK_SHADOW_TOP_K": "3"}
+
+
+def test_an_identical_canary_is_warmed_and_agrees(spawn_server, request_for) -> None:
+    canary = spawn_server("--namespace", "v-canary")
+    stable = spawn_server("--namespace", "v-stable", env=shadowing(canary.url))
+    users = [f"user-{i}" for i in range(8)]
+    for i, user in enumerate(users):
+        _, _, body = request_for(user_id=user, seed=i)
+        assert httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code == 200
+    wait_for(
+        "8 mirrored", lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 8
+    )
+    assert stable.metric("kvrank_shadow_topk_changed_total") == 0
+    # every ordering the same: all 8 correlations in the top bucket (0.999, 1]
+    assert stable.metric("kvrank_shadow_rank_correlation_count") == 8
+    assert stable.metric("kvrank_shadow_rank_correlation_bucket", le="0.999") == 0
+    # every candidate's |Δscore| in the lowest bucket: the same weights score the same
+    deltas = stable.metric("kvrank_shadow_abs_delta_count")
+    assert deltas > 0 and stable.metric("kvrank_shadow_abs_delta_bucket", le="1e-07") == deltas
+    # the canary scored them into its own cache: its first real request per user is a hit,
+    # and it mirrored nothing itself
+    _, _, body = request_for(user_id=users[3], seed=3)
+    doc = httpx.post(f"{canary.url}/v1/score", json=body, timeout=30).json()
+    assert doc["cache"] == "l1"
+    assert canary.metric("kvrank_shadow_requests_total") == 0
+
+
+def test_a_canary_with_other_weights_is_seen_to_drift(
+    spawn_server, request_for, factory, tmp_path
+) -> None:
+    other = tmp_path / "other"
+    save_model(factory.model(SERVER_CFG, seed=11, version="v1"), other)
+    canary = ServerProcess(other, tmp_path, "--namespace", "v-canary")
+    try:
+        stable = spawn_server(env=shadowing(canary.url))
+        for i in range(6):
+            _, _, body = request_for(user_id=f"user-{i}", c=6, seed=i)
+            httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
+        wait_for(
+            "mirrored", lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 6
+        )
+        deltas = stable.metric("kvrank_shadow_abs_delta_count")
+        assert stable.metric("kvrank_shadow_abs_delta_bucket", le="0.001") < deltas
+        assert stable.metric("kvrank_shadow_rank_correlation_bucket", le="0.999") > 0
+    finally:
+        canary.stop()
+
+
+def test_a_canary_that_is_down_fails_no_request(spawn_server, request_for) -> None:
+    stable = spawn_server(env=shadowing(f"http://127.0.0.1:{free_port()}"))
+    statuses = []
+    for i in range(10):
+        _, _, body = request_for(user_id=f"user-{i}", seed=i)
+        statuses.append(httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code)
+    assert statuses == [200] * 10
+    wait_for(
+        "10 errors", lambda: stable.metric("kvrank_shadow_requests_total", result="error") == 10
+    )
+    assert stable.metric("kvrank_shadow_requests_total", result="sent") == 0
+
+
+def test_nothing_is_mirrored_unless_sampled(spawn_server, request_for) -> None:
+    canary = spawn_server()
+    stable = spawn_server(env=shadowing(canary.url, sample="0"))
+    _, _, body = request_for()
+    httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
+    time.sleep(1)
+    assert stable.metric("kvrank_shadow_requests_total") == 0
+    assert canary.metric("kvrank_requests_total") == 0
