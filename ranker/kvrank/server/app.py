@@ -294,6 +294,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         doc = cfg.model_dump(mode="json")
         doc["effective_ttl_seconds"] = svc.cache.ttl.current()
         doc["ttl"] = svc.cache.ttl.settings.model_dump(mode="json")
+        doc["shadow"] = (state.shadow_config or cfg.shadow).model_dump(mode="json")
         return doc
 
     return app

@@ -106,3 +106,28 @@ def test_nothing_is_mirrored_unless_sampled(spawn_server, request_for) -> None:
     time.sleep(1)
     assert stable.metric("kvrank_shadow_requests_total") == 0
     assert canary.metric("kvrank_requests_total") == 0
+
+
+def test_sampling_and_target_reload_with_the_config_file(
+    make_client, spawn_server, request_for, tmp_path, monkeypatch
+) -> None:
+    """What the operator does during a rollout: rewrite the pod's config file; shadowing
+    starts without a restart."""
+    import kvrank.server.app as app_module
+
+    monkeypatch.setattr(app_module, "CONFIG_POLL_S", 0.05)
+    canary = spawn_server()
+    path = tmp_path / "ranker.yaml"
+    path.write_text("shadow:\n  sample: 0\n")
+    stable = make_client(config_file=str(path))
+    _, _, body = request_for(user_id="before")
+    stable.post("/v1/score", json=body).raise_for_status()
+    time.sleep(0.1)
+    path.write_text(f"shadow:\n  url: {canary.url}\n  sample: 1\n")
+    deadline = time.monotonic() + 5
+    while stable.get("/admin/config").json()["shadow"]["sample"] != 1:
+        assert time.monotonic() < deadline, "the shadow section was not reloaded"
+        time.sleep(0.05)
+    _, _, body = request_for(user_id="after")
+    stable.post("/v1/score", json=body).raise_for_status()
+    wait_for("mirrored", lambda: canary.metric("kvrank_requests_total") == 1)
