@@ -199,10 +199,9 @@ def _pod_monitor(
 
 def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     """Everything the later steps decide on, read once."""
-    ranker = {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "ranker"}
     deployments = {
         str(d["metadata"]["labels"].get("kvrank.io/version")): d
-        for d in kube.list("apps/v1", "Deployment", ns, ranker)
+        for d in kube.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
     }
     pods = kube.list("v1", "Pod", ns, m.labels(name))
     serving = {str(p["metadata"]["labels"].get("kvrank.io/version")) for p in pods}

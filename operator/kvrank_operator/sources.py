@@ -56,7 +56,7 @@ def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         "v1",
         "Pod",
         ns,
-        {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "ranker"},
+        m.ranker_selector(name),
     )
     means: list[float] = []
     ratios: list[float] = []

@@ -56,6 +56,11 @@ def labels(instance: str, component: str = "ranker") -> dict[str, str]:
     }
 
 
+def ranker_selector(instance: str) -> dict[str, str]:
+    """The labels that select every ranker pod of ``instance`` (any model version)."""
+    return {"app.kubernetes.io/instance": instance, "app.kubernetes.io/component": "ranker"}
+
+
 def version_labels(instance: str, version: str) -> dict[str, str]:
     return {**labels(instance), "kvrank.io/version": version}
 

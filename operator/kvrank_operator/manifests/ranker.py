@@ -21,6 +21,7 @@ from kvrank_operator.manifests.common import (
     deployment_name,
     labels,
     password_secret,
+    ranker_selector,
     redis_url,
     restricted_container,
     restricted_pod,
@@ -237,10 +238,7 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
             "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
             "spec": {
                 "type": spec.service_type,
-                "selector": {
-                    "app.kubernetes.io/instance": instance,
-                    "app.kubernetes.io/component": "ranker",
-                },
+                "selector": ranker_selector(instance),
                 "ports": port,
             },
         }
@@ -272,12 +270,7 @@ def pod_disruption_budget(instance: str, namespace: str) -> dict[str, Any]:
         "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
         "spec": {
             "maxUnavailable": 1,
-            "selector": {
-                "matchLabels": {
-                    "app.kubernetes.io/instance": instance,
-                    "app.kubernetes.io/component": "ranker",
-                }
-            },
+            "selector": {"matchLabels": ranker_selector(instance)},
         },
     }
 
@@ -309,12 +302,7 @@ def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[
             "labels": {**settings.labels, **labels(instance)},
         },
         "spec": {
-            "selector": {
-                "matchLabels": {
-                    "app.kubernetes.io/instance": instance,
-                    "app.kubernetes.io/component": "ranker",
-                }
-            },
+            "selector": {"matchLabels": ranker_selector(instance)},
             "podTargetLabels": POD_TARGET_LABELS,
             "podMetricsEndpoints": [
                 {"port": "http", "path": "/metrics", "interval": settings.interval}

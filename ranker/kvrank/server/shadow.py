@@ -107,13 +107,10 @@ class ShadowMirror:
         s = self.settings()
         if not s.url or s.sample <= 0 or self.rng() >= s.sample:
             return
-        if self._queue.full():
+        if self._queue.full():  # before the dump: a dropped request costs nothing
             self.results["dropped"].inc()
             return
-        try:
-            self._queue.put_nowait((request.model_dump(), scores))
-        except asyncio.QueueFull:
-            self.results["dropped"].inc()
+        self._queue.put_nowait((request.model_dump(), scores))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
