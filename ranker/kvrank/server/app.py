@@ -173,6 +173,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
             lambda: state.shadow_config or cfg.shadow,
             state.service.metrics.registry,
             {"model_version": state.service.model.version, "cache_namespace": cfg.namespace},
+            own_version=state.service.model.version,
         )
         state.shadow.start()
         state.ready = True

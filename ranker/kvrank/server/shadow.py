@@ -37,6 +37,11 @@ CORRELATION_BUCKETS = (-0.5, 0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 class ShadowConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, description="The canary Service's base URL; None: off.")
+    version: str | None = Field(
+        None,
+        description="The model version behind url: pods serving it never mirror (one config"
+        " file serves every version of a RankerDeployment).",
+    )
     sample: float = Field(0.0, ge=0.0, le=1.0, description="Share of requests mirrored.")
     top_k: int = Field(10, ge=1, le=1000, description="k of the top-k comparison.")
     queue: int = Field(64, ge=1, le=10_000, description="Mirrored requests waiting at most.")
@@ -63,9 +68,11 @@ class ShadowMirror:
         settings: Callable[[], ShadowConfig],
         registry: CollectorRegistry,
         labels: dict[str, str],
+        own_version: str,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
+        self.own_version = own_version
         self.rng = rng
         names, values = list(labels), list(labels.values())
         self._queue: asyncio.Queue[tuple[dict[str, Any], list[float]]] = asyncio.Queue(
@@ -105,7 +112,9 @@ class ShadowMirror:
     def offer(self, request: BaseModel, scores: list[float]) -> None:
         """Mirror this answered request if it is sampled; never waits."""
         s = self.settings()
-        if not s.url or s.sample <= 0 or self.rng() >= s.sample:
+        if not s.url or s.sample <= 0 or s.version == self.own_version:
+            return
+        if self.rng() >= s.sample:
             return
         if self._queue.full():  # before the dump: a dropped request costs nothing
             self.results["dropped"].inc()

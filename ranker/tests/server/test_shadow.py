@@ -98,9 +98,21 @@ def test_a_canary_that_is_down_fails_no_request(spawn_server, request_for) -> No
     assert stable.metric("kvrank_shadow_requests_total", result="sent") == 0
 
 
-def test_nothing_is_mirrored_unless_sampled(spawn_server, request_for) -> None:
+@pytest.mark.parametrize(
+    "settings",
+    [{"sample": "0"}, {"sample": "1", "version": "v1"}],
+    ids=["not-sampled", "pod-of-the-target-version"],
+)
+def test_nothing_is_mirrored_unless_sampled_and_by_another_version(
+    spawn_server, request_for, settings
+) -> None:
+    """A canary pod reads the same config file as the stable pods: naming its own version
+    as the target keeps it from mirroring to itself."""
     canary = spawn_server()
-    stable = spawn_server(env=shadowing(canary.url, sample="0"))
+    env = shadowing(canary.url, sample=settings["sample"])
+    if "version" in settings:
+        env["KVRANK_SHADOW_VERSION"] = settings["version"]  # the version this pod serves
+    stable = spawn_server(env=env)
     _, _, body = request_for()
     httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
     time.sleep(1)
