@@ -11,13 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 from kvrank_operator.spec import (
+    CHECKS,
+    SHADOW_CHECKS,
+    AnalysisSpec,
     CacheSpec,
     CanarySpec,
+    Check,
     ModelSpec,
     PodSettings,
     RankerSpec,
     RedisSpec,
+    ShadowSpec,
+    StepSpec,
     TTLSpec,
+    WarmupSpec,
 )
 
 GROUP = "kvrank.io"
@@ -182,6 +189,63 @@ MODEL = _obj(
     },
 )
 
+_SHARE = {"type": "number", "minimum": 0, "maximum": 1}
+_PROMETHEUS_SOURCE = _obj(
+    {
+        "type": {"type": "string", "enum": ["pods", "prometheus"]},
+        "prometheus": _obj(
+            {"url": {"type": "string", "pattern": r"^https?://[^\s]+$", "maxLength": 1024}},
+            ["url"],
+        ),
+    },
+    None,
+    **{
+        "x-kubernetes-validations": [
+            _rule(
+                "!has(self.type) || self.type != 'prometheus' || has(self.prometheus)",
+                "is required when the source type is prometheus",
+                ".prometheus",
+            )
+        ]
+    },
+)
+
+
+def _check(name: str) -> dict[str, Any]:
+    bound, quantile, what = CHECKS[name]
+    props: dict[str, Any] = {
+        bound: {"type": "number"},
+        "minSamples": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10**9,
+            "default": Check.min_samples,
+            "description": "Fewer samples in the step's window: inconclusive, never a pass.",
+        },
+    }
+    if quantile is not None:
+        props["quantile"] = {**_SHARE, "default": quantile}
+    return _obj(props, [bound], description=f"{bound} of {what}.")
+
+
+ANALYSIS = _obj(
+    {
+        **{name: _check(name) for name in CHECKS},
+        "inconclusiveTimeoutSeconds": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 86400,
+            "default": AnalysisSpec.inconclusive_timeout_seconds,
+            "description": "A step still without enough data this long after its pause"
+            " aborts the rollout.",
+        },
+        "source": _PROMETHEUS_SOURCE,
+    },
+    None,
+    description="Thresholds every step must meet, measured over the step from the ranker"
+    " pods' metrics (or Prometheus). A failed check aborts at once; too few samples wait.",
+)
+
 CANARY = _obj(
     {
         "version": _NAME,
@@ -193,9 +257,87 @@ CANARY = _obj(
             "pattern": "^[0-9a-fA-F]{64}$",
             "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
         },
+        "shadow": _obj(
+            {
+                "sample": {**_SHARE, "default": ShadowSpec.sample},
+                "topK": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 1000,
+                    "default": ShadowSpec.top_k,
+                },
+            },
+            None,
+            description="Stable pods mirror this share of their answered requests to the"
+            " canary (warming its cache) and compare the scores.",
+        ),
+        "warmup": _obj(
+            {
+                "hitRatio": {**_SHARE, "default": WarmupSpec.hit_ratio},
+                "minRequests": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": WarmupSpec.min_requests,
+                },
+                "timeoutSeconds": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 86400,
+                    "default": WarmupSpec.timeout_seconds,
+                },
+            },
+            None,
+            description="The canary takes only shadow traffic until its hit ratio reaches"
+            " hitRatio (or the timeout passes), then joins the Service.",
+        ),
+        "steps": {
+            "type": "array",
+            "maxItems": 20,
+            "items": _obj(
+                {
+                    "weight": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "pauseSeconds": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": 86400,
+                        "default": StepSpec.pause_seconds,
+                    },
+                },
+                ["weight"],
+            ),
+            "description": "Weights the canary goes through, each analysed; after the last"
+            " the operator promotes it. Empty: the canary stays at weight until a person"
+            " promotes it.",
+        },
+        "analysis": ANALYSIS,
     },
     ["version", "uri"],
-    **{"x-kubernetes-validations": [_HTTP_URI]},
+    **{
+        "x-kubernetes-validations": [
+            _HTTP_URI,
+            _rule(
+                "!has(self.warmup) || (has(self.shadow) && self.shadow.sample > 0.0)",
+                "needs canary.shadow: shadow traffic warms it",
+                ".warmup",
+            ),
+            _rule(
+                "!has(self.steps) || size(self.steps) == 0 || (has(self.analysis) && ("
+                + " || ".join(f"has(self.analysis.{n})" for n in CHECKS)
+                + "))",
+                "needs at least one check when canary.steps are set (steps that pass on time"
+                " alone would promote a canary nobody measured)",
+                ".analysis",
+            ),
+            _rule(
+                "!has(self.analysis) || !("
+                + " || ".join(f"has(self.analysis.{n})" for n in SHADOW_CHECKS)
+                + ") || (has(self.shadow) && self.shadow.sample > 0.0)",
+                "scoreDelta, rankCorrelation and topKChangedRatio are measured on shadow"
+                " traffic: set canary.shadow",
+                ".analysis",
+            ),
+        ]
+    },
 )
 
 REDIS = _obj(
@@ -397,7 +539,9 @@ COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.readyText"},
     {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
     {"name": "Canary", "type": "string", "jsonPath": ".spec.canary.version"},
-    {"name": "Weight", "type": "integer", "jsonPath": ".spec.canary.weight"},
+    {"name": "Weight", "type": "integer", "jsonPath": ".status.canary.weight"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.canary.phase"},
+    {"name": "Step", "type": "string", "jsonPath": ".status.canary.stepText"},
     {"name": "TTL", "type": "number", "jsonPath": ".status.ttl.seconds"},
     {"name": "Hit-Ratio", "type": "number", "jsonPath": ".status.hitRatio"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

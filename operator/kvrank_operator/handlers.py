@@ -24,7 +24,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 
-from kvrank_operator import crd
+from kvrank_operator import crd, rollout
 from kvrank_operator.kube import Kube, load_client
 from kvrank_operator.manifests import PodMonitoring
 from kvrank_operator.reconcile import purges_due_in, reconcile
@@ -240,5 +240,10 @@ def _reconcile_once(
         t = tuned["ttl"]
         why = f"mean interval {t.get('meanIntervalSeconds')}s, {t['source']}"
         events.append(("Normal", "TTLUpdated", f"cache TTL now {t['seconds']}s ({why})"))
-    due = [RESYNC_S, next_measurement_in(doc, now), *purges_due_in(status, now)]
+    due = [
+        RESYNC_S,
+        next_measurement_in(doc, now),
+        *purges_due_in(status, now),
+        rollout.due_in(status.get("canary")),
+    ]
     return max(0.0, min(due)), events

@@ -30,6 +30,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvrank_operator import manifests as m
+from kvrank_operator import rollout
+from kvrank_operator.analysis import Window, Windows
 from kvrank_operator.certs import CA_FILE, redis_tls
 from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.conditions import set_condition
@@ -96,14 +98,18 @@ def reconcile(
     except SpecError as exc:
         return _invalid(out, exc, gen, now)
     set_condition(status, "Degraded", False, "SpecValid", "spec is valid", gen, now)
-    ttl = (status.get("ttl") or {}).get("seconds")
-    password = secrets.token_urlsafe(24)
-    desired = m.desired_objects(spec, name, ns, ttl, password, _new_tls(spec, name, ns, now))
-    _apply(kube, desired, owner, out)
+    live = rollout.effective(spec, status.get("canary"))
+    _apply(kube, _desired(live, name, ns, status, now), owner, out)
     _pod_monitor(kube, monitoring, owner, ns, status, gen, now)
-    seen = observe(kube, spec, name, ns)
-    if any(version not in seen.deployments for version, _ in spec.versions()):
+    seen = observe(kube, live, name, ns)
+    if any(version not in seen.deployments for version, _ in live.versions()):
         kube.forget_applied()  # deleted by someone: apply everything again next time
+    after = _rollout(kube, spec, live, seen, name, ns, meta, out, now)
+    if after != live:  # a phase or step changed: its weight and Service apply now
+        live = after
+        _apply(kube, _desired(live, name, ns, status, now), owner, out)
+        seen = observe(kube, live, name, ns)
+    spec = live
     stable_ready = _ready(
         seen.deployments.get(spec.model.version), _want(spec, seen, spec.model.version, "stable")
     )
@@ -115,6 +121,63 @@ def reconcile(
     set_condition(status, "CacheReady", cache.ok, cache.reason, cache.message, gen, now)
     out.events += [("Normal", "RedisHealing", action) for action in cache.actions]
     return out
+
+
+def _desired(
+    spec: RankerSpec, name: str, ns: str, status: dict[str, Any], now: dt.datetime
+) -> list[m.Desired]:
+    ttl = (status.get("ttl") or {}).get("seconds")
+    password = secrets.token_urlsafe(24)
+    return m.desired_objects(spec, name, ns, ttl, password, _new_tls(spec, name, ns, now))
+
+
+WINDOWS = Windows()
+
+
+def _rollout(
+    kube: Kube,
+    spec: RankerSpec,
+    live: RankerSpec,
+    seen: Observed,
+    name: str,
+    ns: str,
+    meta: dict[str, Any],
+    out: Outcome,
+    now: dt.datetime,
+) -> RankerSpec:
+    """Advance the canary's rollout (``status.canary``, the ``CanaryAnalysis`` condition);
+    promote by rewriting the spec. Returns the spec as the rollout now applies it."""
+    status, gen = out.status, int(meta.get("generation", 1))
+    ready = False
+    if spec.canary is not None:
+        version = spec.canary.version
+        ready = _ready(seen.deployments.get(version), _want(live, seen, version, "canary"))
+        read = WINDOWS.reader(kube, spec, name, ns, meta["uid"], now)
+    else:
+        WINDOWS.close(meta["uid"])
+        read = _no_window
+    decision = rollout.advance(spec, status.get("canary"), ready, read, now)
+    out.events += decision.events
+    if decision.canary is None:
+        status.pop("canary", None)
+    else:
+        status["canary"] = decision.canary
+    if decision.condition is None:
+        status["conditions"] = [
+            c for c in status.get("conditions", []) if c["type"] != "CanaryAnalysis"
+        ]
+    else:
+        set_condition(status, "CanaryAnalysis", *decision.condition, gen, now)
+    if decision.promote and spec.canary is not None:
+        c = spec.canary
+        model = {"version": c.version, "uri": c.uri, "sha256": c.sha256}
+        patch = {"spec": {"model": model, "canary": None}}
+        kube.merge_patch(API, "RankerDeployment", ns, name, patch)
+    return rollout.effective(spec, decision.canary)
+
+
+def _no_window(key: str, since: dt.datetime) -> Window:
+    return Window(problem="no canary")
 
 
 def purges_due_in(status: dict[str, Any], now: dt.datetime) -> list[float]:

@@ -23,6 +23,7 @@ from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.conditions import set_condition
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube, Owner
+from kvrank_operator.rollout import effective
 from kvrank_operator.spec import RankerSpec, parse_spec
 from kvrank_operator.ttl import (
     HIT_RATIO_METRIC,
@@ -103,17 +104,12 @@ def instant_query(url: str, query: str) -> tuple[float | None, Problem | None]:
     return value, None
 
 
-PROMETHEUS_SELECTOR = '{{namespace="{ns}",app_kubernetes_io_instance="{name}"}}'
-"""The series of one RankerDeployment's pods, by the target labels a PodMonitor (or
-ServiceMonitor) of kube-prometheus-stack gives them: ``namespace`` (the pod's) and, through
-``podTargetLabels: [app.kubernetes.io/instance]``, the instance label the operator puts on
-every ranker pod."""
 HIT_RATIO_WINDOW = "2m"
 """The hit ratio published is over this window (a lifetime ratio could not show a drop)."""
 
 
 def from_prometheus(url: str, name: str, ns: str) -> Observed:
-    sel = PROMETHEUS_SELECTOR.format(ns=ns, name=name)
+    sel = m.PROMETHEUS_SELECTOR.format(ns=ns, name=name)
     cached = f'{sel[:-1]},outcome=~"l1|l2|incremental"}}'
     served = f'{sel[:-1]},outcome!="none"}}'
     window = HIT_RATIO_WINDOW
@@ -169,7 +165,7 @@ def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, An
     """Status fields to publish (``None``: nothing changed or nothing was due)."""
     meta, status = body["metadata"], body.get("status") or {}
     try:
-        spec = parse_spec(body.get("spec") or {})
+        spec = effective(parse_spec(body.get("spec") or {}), status.get("canary"))
     except SpecError:
         return None
     current = status.get("ttl") or {}

@@ -61,12 +61,82 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ShadowSpec:
+    """Stable pods mirror a sampled share of their answered requests to the canary, which
+    warms its cache with them; the stable pods compare the two score vectors."""
+
+    sample: float = 0.1
+    top_k: int = 10
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """The canary takes shadow traffic only until its hit ratio reaches ``hit_ratio`` over at
+    least ``min_requests`` requests, or ``timeout_seconds`` pass; then it joins the Service."""
+
+    hit_ratio: float = 0.8
+    min_requests: int = 100
+    timeout_seconds: int = 600
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    weight: int
+    pause_seconds: int = 60
+    """The step's analysis window: it passes no sooner than this after it began."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One analysis threshold: ``max`` or ``min`` (``bound``) on a metric measured over the
+    step, judged only once ``min_samples`` samples (requests) back it."""
+
+    bound: Literal["max", "min"]
+    value: float
+    min_samples: int = 50
+    quantile: float | None = None
+    """For the histogram metrics (score delta, rank correlation): which quantile."""
+
+
+CHECKS: dict[str, tuple[Literal["max", "min"], float | None, str]] = {
+    "p99LatencyRatio": ("max", None, "canary p99 latency / stable p99 latency"),
+    "errorRatio": ("max", None, "canary 5xx responses / canary responses"),
+    "hitRatio": ("min", None, "canary requests served from a cache / canary requests"),
+    "scoreDelta": ("max", 0.99, "quantile of |stable score - canary score| per candidate"),
+    "rankCorrelation": ("min", 0.1, "quantile of Spearman's rho of the two orderings"),
+    "topKChangedRatio": ("max", None, "share of mirrored requests whose top-k set changed"),
+}
+"""Every analysis metric: its bound, default quantile and what it measures."""
+SHADOW_CHECKS = ("scoreDelta", "rankCorrelation", "topKChangedRatio")
+"""Measured on mirrored requests: they need ``canary.shadow``."""
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    checks: dict[str, Check] = field(default_factory=dict)
+    """metric name (a key of :data:`CHECKS`) → its threshold."""
+    inconclusive_timeout_seconds: int = 300
+    """A step still without enough data this long after its pause ended aborts: no data is
+    never a pass."""
+    source: Literal["pods", "prometheus"] = "pods"
+    prometheus_url: str | None = None
+
+
+@dataclass(frozen=True)
 class CanarySpec:
     version: str
     uri: str
     weight: int = 10
     replicas: int | None = None
     sha256: str | None = None
+    shadow: ShadowSpec | None = None
+    warmup: WarmupSpec | None = None
+    steps: tuple[StepSpec, ...] = ()
+    """Empty: the canary stays at ``weight`` until a person promotes or removes it."""
+    analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
+    serving: bool = True
+    """Not in the CRD: ``False`` while the rollout keeps the canary out of the shared Service
+    (starting, warming up); the stable version then keeps all its replicas."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +221,8 @@ class RankerSpec:
         stable = self.model.replicas if total is None else total
         if self.canary is None:
             return stable
+        if role == "stable" and not self.canary.serving:
+            return stable
         if role == "canary":
             if self.canary.replicas is not None:
                 return self.canary.replicas
@@ -224,14 +296,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         )
     canary = None
     if spec.get("canary"):
-        c = spec["canary"]
-        canary = CanarySpec(
-            _req(c, "version", "canary"),
-            _req(c, "uri", "canary"),
-            int(c.get("weight", CanarySpec.weight)),
-            c.get("replicas"),
-            c.get("sha256"),
-        )
+        canary = _canary(spec["canary"])
         if canary.version == model.version:
             raise SpecError(
                 "canary.version",
@@ -249,6 +314,74 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         int(svc.get("port", RankerSpec.port)),
         svc.get("type", RankerSpec.service_type),
     )
+
+
+def _canary(c: dict[str, Any]) -> CanarySpec:
+    shadow = warmup = None
+    if (sh := c.get("shadow")) is not None:
+        shadow = ShadowSpec(
+            float(sh.get("sample", ShadowSpec.sample)), int(sh.get("topK", ShadowSpec.top_k))
+        )
+    if (w := c.get("warmup")) is not None:
+        warmup = WarmupSpec(
+            float(w.get("hitRatio", WarmupSpec.hit_ratio)),
+            int(w.get("minRequests", WarmupSpec.min_requests)),
+            int(w.get("timeoutSeconds", WarmupSpec.timeout_seconds)),
+        )
+        if shadow is None or shadow.sample <= 0:
+            raise SpecError("canary.warmup", "needs canary.shadow: shadow traffic warms it")
+    steps = tuple(
+        StepSpec(int(s["weight"]), int(s.get("pauseSeconds", StepSpec.pause_seconds)))
+        for s in c.get("steps") or []
+    )
+    analysis = _analysis(c.get("analysis") or {})
+    if steps and not analysis.checks:
+        raise SpecError(
+            "canary.analysis",
+            "needs at least one check when canary.steps are set (steps that pass on time"
+            " alone would promote a canary nobody measured)",
+        )
+    unshadowed = [k for k in SHADOW_CHECKS if k in analysis.checks]
+    if unshadowed and (shadow is None or shadow.sample <= 0):
+        raise SpecError(
+            f"canary.analysis.{unshadowed[0]}", "is measured on shadow traffic: set canary.shadow"
+        )
+    return CanarySpec(
+        _req(c, "version", "canary"),
+        _req(c, "uri", "canary"),
+        int(c.get("weight", CanarySpec.weight)),
+        c.get("replicas"),
+        c.get("sha256"),
+        shadow,
+        warmup,
+        steps,
+        analysis,
+    )
+
+
+def _analysis(a: dict[str, Any]) -> AnalysisSpec:
+    checks = {}
+    for name, (bound, quantile, _) in CHECKS.items():
+        if (doc := a.get(name)) is None:
+            continue
+        checks[name] = Check(
+            bound,
+            float(doc[bound]),
+            int(doc.get("minSamples", Check.min_samples)),
+            float(doc.get("quantile", quantile)) if quantile is not None else None,
+        )
+    src = a.get("source") or {}
+    analysis = AnalysisSpec(
+        checks,
+        int(a.get("inconclusiveTimeoutSeconds", AnalysisSpec.inconclusive_timeout_seconds)),
+        src.get("type", AnalysisSpec.source),
+        (src.get("prometheus") or {}).get("url"),
+    )
+    if analysis.source == "prometheus" and not analysis.prometheus_url:
+        raise SpecError(
+            "canary.analysis.source.prometheus.url", "is required when the source is prometheus"
+        )
+    return analysis
 
 
 def _pod(p: dict[str, Any]) -> PodSettings:

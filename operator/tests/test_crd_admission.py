@@ -15,6 +15,22 @@ from kvrank_operator.crd import crd
 pytestmark = pytest.mark.kube
 
 VALID: dict[str, Any] = {"model": {"version": "v1", "uri": "/models/v1"}}
+CANARY: dict[str, Any] = {"version": "v2", "uri": "/models/v2"}
+ERRORS = {"errorRatio": {"max": 0.01}}
+PROGRESSIVE: dict[str, Any] = {
+    **CANARY,
+    "shadow": {"sample": 0.2},
+    "warmup": {"hitRatio": 0.7, "minRequests": 100},
+    "steps": [{"weight": 20, "pauseSeconds": 60}, {"weight": 50}],
+    "analysis": {
+        "scoreDelta": {"max": 0.01, "quantile": 0.99, "minSamples": 100},
+        "rankCorrelation": {"min": 0.95},
+        "topKChangedRatio": {"max": 0.05},
+        "p99LatencyRatio": {"max": 1.5},
+        **ERRORS,
+        "source": {"type": "prometheus", "prometheus": {"url": "http://prometheus:9090"}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +129,36 @@ INVALID = [
         with_({"ttl": {"source": {"type": "prometheus"}}}),
         "spec.ttl.source.prometheus",
     ),
+    (
+        "steps without any analysis check",
+        with_({"canary": {**CANARY, "steps": [{"weight": 10}]}}),
+        "spec.canary.analysis",
+    ),
+    (
+        "a score check without shadow traffic",
+        with_({"canary": {**CANARY, "analysis": {"scoreDelta": {"max": 0.01}}}}),
+        "spec.canary.analysis",
+    ),
+    (
+        "a warm-up without shadow traffic",
+        with_({"canary": {**CANARY, "warmup": {"hitRatio": 0.5}}}),
+        "spec.canary.warmup",
+    ),
+    (
+        "a step weight of 0",
+        with_({"canary": {**CANARY, "steps": [{"weight": 0}], "analysis": ERRORS}}),
+        "spec.canary.steps[0].weight",
+    ),
+    (
+        "a minimum on a maximum-only check",
+        with_({"canary": {**CANARY, "analysis": {"errorRatio": {"min": 0.01}}}}),
+        "spec.canary.analysis.errorRatio.min",  # unknown field: only max exists
+    ),
+    (
+        "a shadow sample over 1",
+        with_({"canary": {**CANARY, "shadow": {"sample": 1.5}}}),
+        "spec.canary.shadow.sample",
+    ),
 ]
 
 
@@ -135,6 +181,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         {"model": {**VALID["model"], "pod": POD_KNOBS}},
         with_({"cache": {"redis": {"tls": True}}}),
         with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
+        with_({"canary": PROGRESSIVE}),
     ],
     ids=[
         "minimal",
@@ -146,6 +193,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "every pod knob",
         "managed TLS",
         "managed TLS with a Secret of one's own",
+        "a progressive rollout with every check",
     ],
 )
 def test_a_valid_spec_is_admitted(admit, spec) -> None:

@@ -116,17 +116,24 @@ def test_a_default_spec_gives_pods_the_rankers_own_defaults() -> None:
 
 
 def _with_schema_defaults(schema: dict, doc: dict) -> dict:
-    """What the API server stores: ``doc`` with every ``default`` of ``schema`` filled in."""
+    """What the API server stores: ``doc`` with every ``default`` of ``schema`` filled in
+    (inside the objects that are there, as the API server does)."""
     out = dict(doc)
     for key, sub in schema.get("properties", {}).items():
         if key not in out and "default" in sub:
             out[key] = sub["default"]
-        if sub.get("type") == "object" and "properties" in sub and (key in out or key != "canary"):
-            out[key] = _with_schema_defaults(sub, out.get(key) or {})
+        if key not in out:
+            continue
+        if sub.get("type") == "object" and "properties" in sub:
+            out[key] = _with_schema_defaults(sub, out[key])
+        if sub.get("type") == "array" and "properties" in sub.get("items", {}):
+            out[key] = [_with_schema_defaults(sub["items"], item) for item in out[key]]
     return out
 
 
-@pytest.mark.parametrize("name", ["basic.yaml", "canary.yaml", "external-redis.yaml"])
+@pytest.mark.parametrize(
+    "name", ["basic.yaml", "canary.yaml", "progressive.yaml", "external-redis.yaml"]
+)
 def test_the_crd_defaults_are_the_parsers_defaults(name: str) -> None:
     from kvrank_operator.crd import SPEC
 

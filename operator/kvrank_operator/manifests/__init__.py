@@ -24,6 +24,7 @@ from kvrank_operator.manifests.common import (
 from kvrank_operator.manifests.desired import Desired, desired_objects
 from kvrank_operator.manifests.ranker import (
     POD_MONITOR_API,
+    PROMETHEUS_SELECTOR,
     PodMonitoring,
     config_map,
     deployment,
@@ -38,6 +39,7 @@ from kvrank_operator.manifests.redis import bootstrap_script, managed_redis, tls
 __all__ = [
     "CONFIG_FILE",
     "POD_MONITOR_API",
+    "PROMETHEUS_SELECTOR",
     "REDIS_PORT",
     "Desired",
     "PodMonitoring",

@@ -51,6 +51,16 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
         "redis": redis,
         "ttl": spec.ttl.ranker_settings(fixed),
     }
+    c = spec.canary
+    if c is not None and c.shadow is not None and c.shadow.sample > 0:
+        # every pod reads this file: the canary's own pods skip it (shadow.version)
+        svc = f"{deployment_name(instance, c.version)}.{namespace}.svc"
+        doc["shadow"] = {
+            "url": f"http://{svc}:{spec.port}",
+            "version": c.version,
+            "sample": c.shadow.sample,
+            "top_k": c.shadow.top_k,
+        }
     return yaml.safe_dump(doc, sort_keys=True)
 
 
@@ -229,18 +239,18 @@ def _container(
 
 
 def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
-    """One Service over every version, plus one per version (for routers)."""
+    """One Service over every serving version (a warming canary is not one yet), plus one
+    per version (for routers, and the shadow traffic that warms a canary)."""
     port = [{"name": "http", "port": spec.port, "targetPort": "http"}]
+    selector = ranker_selector(instance)
+    if spec.canary is not None and not spec.canary.serving:
+        selector["kvrank.io/version"] = spec.model.version
     out = [
         {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
-            "spec": {
-                "type": spec.service_type,
-                "selector": ranker_selector(instance),
-                "ports": port,
-            },
+            "spec": {"type": spec.service_type, "selector": selector, "ports": port},
         }
     ]
     for version, _ in spec.versions():
@@ -280,6 +290,12 @@ POD_TARGET_LABELS = ["app.kubernetes.io/instance", "kvrank.io/version"]
 """Copied from the pod onto every series (as ``app_kubernetes_io_instance`` and
 ``kvrank_io_version``): the alerts, the dashboard and the operator's Prometheus TTL source
 select a RankerDeployment and a model version by them."""
+
+
+PROMETHEUS_SELECTOR = '{{namespace="{ns}",app_kubernetes_io_instance="{name}"}}'
+"""The series of one RankerDeployment's pods, by the target labels a PodMonitor (or
+ServiceMonitor) of kube-prometheus-stack gives them: ``namespace`` (the pod's) and, through
+``podTargetLabels`` above, the instance label the operator puts on every ranker pod."""
 
 
 @dataclass(frozen=True)

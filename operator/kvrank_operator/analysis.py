@@ -1,0 +1,338 @@
+"""Canary analysis: what the stable and canary versions did over a window, and the checks.
+
+A window is a set of additive counts per version (:class:`Counts`: requests, cache hits,
+responses, 5xx, latency and shadow-comparison histogram buckets), read either from the
+ranker pods' ``/metrics`` — each pod's counters minus what they were when the window
+opened — or from Prometheus (``increase(...[window])``). The same :func:`evaluate` judges
+both: a check with too few samples, no data or NaN is **inconclusive**, never a pass.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvrank_operator import manifests as m
+from kvrank_operator.kube import Kube
+from kvrank_operator.spec import CHECKS, Check, RankerSpec
+
+SCORE_ROUTE = "/v1/score"
+TIMEOUT_S = 3.0
+Counts = dict[str, float]
+"""Additive counts of one version over a window: ``requests``, ``cached``, ``responses``,
+``errors``, ``shadow_sent``, ``shadow_topk_changed`` and histogram buckets as
+``latency_le:<bound>``, ``delta_le:<bound>``, ``rank_le:<bound>`` (cumulative, like
+Prometheus's ``le``)."""
+HISTOGRAMS = {
+    "kvrank_request_seconds_bucket": "latency_le",
+    "kvrank_shadow_abs_delta_bucket": "delta_le",
+    "kvrank_shadow_rank_correlation_bucket": "rank_le",
+}
+
+
+# --------------------------------------------------------------------------- counts
+
+
+def counts_from_text(text: str) -> dict[str, Counts]:
+    """model version → its counts, from one pod's Prometheus text exposition."""
+    out: dict[str, Counts] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            version = s.labels.get("model_version")
+            if version is None:
+                continue
+            _add(out[version], s.name, s.labels, s.value)
+    return {v: dict(c) for v, c in out.items()}
+
+
+def _add(c: Counts, name: str, labels: dict[str, str], value: float) -> None:
+    if name == "kvrank_requests_total" and labels.get("outcome") != "none":
+        c["requests"] += value
+        if labels.get("outcome") in ("l1", "l2", "incremental"):
+            c["cached"] += value
+    elif name == "kvrank_http_responses_total" and labels.get("route") == SCORE_ROUTE:
+        c["responses"] += value
+        if labels.get("code", "").startswith("5"):
+            c["errors"] += value
+    elif name == "kvrank_shadow_requests_total" and labels.get("result") == "sent":
+        c["shadow_sent"] += value
+    elif name == "kvrank_shadow_topk_changed_total":
+        c["shadow_topk_changed"] += value
+    elif name in HISTOGRAMS:
+        c[f"{HISTOGRAMS[name]}:{_le(labels['le'])}"] += value
+
+
+def _le(bound: str) -> str:
+    """One spelling per bucket bound (``1``, ``1.0`` and ``+Inf`` as the clients write them)."""
+    return "+Inf" if math.isinf(float(bound)) else repr(float(bound))
+
+
+def subtract(now: Counts, then: Counts) -> Counts:
+    """What was counted between two readings of one pod; a counter that went down (the
+    container restarted) counts from zero."""
+    if any(now.get(k, 0.0) < v for k, v in then.items()):
+        return dict(now)
+    return {k: v - then.get(k, 0.0) for k, v in now.items()}
+
+
+def total(parts: list[Counts]) -> Counts:
+    out: Counts = defaultdict(float)
+    for part in parts:
+        for k, v in part.items():
+            out[k] += v
+    return dict(out)
+
+
+def quantile(q: float, c: Counts, prefix: str) -> float | None:
+    """``histogram_quantile`` as Prometheus computes it over the ``prefix`` buckets (linear
+    within a bucket; the first bucket starts at 0 unless its bound is below; a rank in the
+    +Inf bucket gives the highest finite bound); ``None`` without observations."""
+    buckets = sorted(
+        (float(k.split(":", 1)[1]), v) for k, v in c.items() if k.startswith(prefix + ":")
+    )
+    if len(buckets) < 2 or not math.isinf(buckets[-1][0]) or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    i = next(i for i, (_, count) in enumerate(buckets) if count >= rank)
+    upper, count = buckets[i]
+    if math.isinf(upper):
+        return buckets[-2][0]
+    if i == 0:
+        if upper <= 0:
+            return upper
+        lower, below = 0.0, 0.0
+    else:
+        lower, below = buckets[i - 1]
+    return lower + (upper - lower) * (rank - below) / (count - below) if count > below else upper
+
+
+# --------------------------------------------------------------------------- windows
+
+
+@dataclass
+class Window:
+    canary: Counts = field(default_factory=dict)
+    stable: Counts = field(default_factory=dict)
+    problem: str | None = None
+    """Why nothing could be read (Prometheus unreachable, a query refused)."""
+
+
+PodReadings = dict[str, dict[str, Counts]]
+"""pod uid → model version → counts."""
+
+
+def read_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> PodReadings:
+    """Every ranker pod's counters now (pods that do not answer are left out)."""
+    out: PodReadings = {}
+    for pod in kube.list("v1", "Pod", ns, m.ranker_selector(name)):
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip or pod["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            url = f"http://{ip}:{spec.port}/metrics"
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+                out[pod["metadata"]["uid"]] = counts_from_text(resp.read().decode())
+        except OSError:
+            continue
+    return out
+
+
+def pods_window(baseline: PodReadings, now: PodReadings, stable: str, canary: str) -> Window:
+    """Counts since ``baseline`` was read, per version; a pod that started since counts
+    from zero."""
+    per_version: dict[str, list[Counts]] = defaultdict(list)
+    for uid, versions in now.items():
+        for version, counts in versions.items():
+            then = baseline.get(uid, {}).get(version, {})
+            per_version[version].append(subtract(counts, then))
+    return Window(total(per_version[canary]), total(per_version[stable]))
+
+
+class Windows:
+    """Opens and reads the windows a rollout asks for (``rollout.ReadWindow``).
+
+    From pods: the counters each pod had when a window opened are kept here, in memory (one
+    open window per RankerDeployment); after an operator restart the window reopens, so a
+    step's analysis starts over — never judged on what it did not see. From Prometheus: the
+    window is ``increase()`` over the seconds since it opened."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[str, PodReadings]] = {}
+        """RankerDeployment uid → (window key, every pod's counters when it opened)."""
+
+    def reader(
+        self, kube: Kube, spec: RankerSpec, name: str, ns: str, uid: str, now: dt.datetime
+    ) -> Callable[[str, dt.datetime], Window]:
+        assert spec.canary is not None
+        stable, canary, a = spec.model.version, spec.canary.version, spec.canary.analysis
+
+        def read(key: str, since: dt.datetime) -> Window:
+            if a.source == "prometheus" and a.prometheus_url:
+                seconds = (now - since).total_seconds()
+                return prometheus_window(a.prometheus_url, name, ns, stable, canary, seconds)
+            readings = read_pods(kube, spec, name, ns)
+            opened = self._open.get(uid)
+            if opened is None or opened[0] != key:
+                self._open[uid] = opened = (key, readings)
+            return pods_window(opened[1], readings, stable, canary)
+
+        return read
+
+    def close(self, uid: str) -> None:
+        self._open.pop(uid, None)
+
+
+def prometheus_window(
+    url: str, name: str, ns: str, stable: str, canary: str, seconds: float
+) -> Window:
+    """Counts over the last ``seconds`` from Prometheus (the series a PodMonitor gives the
+    ranker pods; see ``manifests.PROMETHEUS_SELECTOR``)."""
+    rng = f"[{max(1, int(seconds))}s]"
+    window = Window()
+    for version, target in ((canary, window.canary), (stable, window.stable)):
+        sel = _selector(ns, name, model_version=version)
+        score = _selector(ns, name, model_version=version, route=SCORE_ROUTE)
+        queries = {
+            "requests": f"sum by (outcome) (increase(kvrank_requests_total{sel}{rng}))",
+            "responses": f"sum by (code) (increase(kvrank_http_responses_total{score}{rng}))",
+            "shadow": f"sum by (result) (increase(kvrank_shadow_requests_total{sel}{rng}))",
+            "topk": f"sum(increase(kvrank_shadow_topk_changed_total{sel}{rng}))",
+            **{
+                prefix: f"sum by (le) (increase({metric}{sel}{rng}))"
+                for metric, prefix in HISTOGRAMS.items()
+            },
+        }
+        for key, query in queries.items():
+            rows, problem = _query(url, query)
+            if problem is not None:
+                return Window(problem=problem)
+            for labels, value in rows:
+                _add_prometheus(target, key, labels, value)
+    return window
+
+
+def _selector(ns: str, name: str, **labels: str) -> str:
+    """One RankerDeployment's series (``manifests.PROMETHEUS_SELECTOR``), more labels."""
+    extra = "".join(f',{k}="{v}"' for k, v in labels.items())
+    return m.PROMETHEUS_SELECTOR.format(ns=ns, name=name)[:-1] + extra + "}"
+
+
+def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -> None:
+    if not math.isfinite(value):
+        return
+    if key == "requests":
+        _add(c, "kvrank_requests_total", labels, value)
+    elif key == "responses":
+        _add(c, "kvrank_http_responses_total", {**labels, "route": SCORE_ROUTE}, value)
+    elif key == "shadow":
+        _add(c, "kvrank_shadow_requests_total", labels, value)
+    elif key == "topk":
+        _add(c, "kvrank_shadow_topk_changed_total", labels, value)
+    else:
+        c[f"{key}:{_le(labels['le'])}"] = c.get(f"{key}:{_le(labels['le'])}", 0.0) + value
+
+
+def _query(url: str, query: str) -> tuple[list[tuple[dict[str, str], float]], str | None]:
+    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    try:
+        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return [], f"Prometheus refused {query}: HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return [], f"Prometheus at {url} unreachable: {exc}"
+    rows = doc.get("data", {}).get("result", [])
+    return [(r["metric"], float(r["value"][1])) for r in rows], None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Result:
+    metric: str
+    check: Check
+    value: float | None
+    samples: float
+
+    @property
+    def verdict(self) -> Literal["pass", "fail", "inconclusive"]:
+        if self.value is None or not math.isfinite(self.value):
+            return "inconclusive"
+        if self.samples < self.check.min_samples:
+            return "inconclusive"
+        ok = (
+            self.value <= self.check.value
+            if self.check.bound == "max"
+            else (self.value >= self.check.value)
+        )
+        return "pass" if ok else "fail"
+
+    def describe(self) -> str:
+        shown = "no data" if self.value is None else f"{self.value:.4g}"
+        q = f" (q{self.check.quantile:g})" if self.check.quantile is not None else ""
+        return (
+            f"{self.metric}{q} {shown}, {self.check.bound} {self.check.value:g},"
+            f" {self.samples:.0f}/{self.check.min_samples} samples"
+        )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "value": None if self.value is None else round(self.value, 6),
+            self.check.bound: self.check.value,
+            "samples": int(self.samples),
+            "minSamples": self.check.min_samples,
+            "result": self.verdict,
+        }
+
+
+def ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def measure(metric: str, check: Check, w: Window) -> Result:
+    """One check's value over the window and the samples behind it."""
+    c, s = w.canary, w.stable
+    q = check.quantile if check.quantile is not None else 0.5
+    if metric == "p99LatencyRatio":
+        mine, theirs = quantile(0.99, c, "latency_le"), quantile(0.99, s, "latency_le")
+        value = mine / theirs if mine is not None and theirs else None
+        samples = min(c.get("latency_le:+Inf", 0.0), s.get("latency_le:+Inf", 0.0))
+        return Result(metric, check, value, samples)
+    if metric == "errorRatio":
+        return Result(
+            metric,
+            check,
+            ratio(c.get("errors", 0.0), c.get("responses", 0.0)),
+            c.get("responses", 0.0),
+        )
+    if metric == "hitRatio":
+        return Result(
+            metric,
+            check,
+            ratio(c.get("cached", 0.0), c.get("requests", 0.0)),
+            c.get("requests", 0.0),
+        )
+    sent = s.get("shadow_sent", 0.0)  # the stable pods compare
+    if metric == "scoreDelta":
+        return Result(metric, check, quantile(q, s, "delta_le"), sent)
+    if metric == "rankCorrelation":
+        return Result(metric, check, quantile(q, s, "rank_le"), sent)
+    if metric == "topKChangedRatio":
+        return Result(metric, check, ratio(s.get("shadow_topk_changed", 0.0), sent), sent)
+    raise ValueError(f"unknown analysis metric {metric!r} (known: {', '.join(CHECKS)})")
+
+
+def evaluate(checks: dict[str, Check], w: Window) -> list[Result]:
+    return [measure(metric, check, w) for metric, check in checks.items()]

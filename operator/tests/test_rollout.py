@@ -1,0 +1,255 @@
+"""The rollout's decisions and the analysis behind them, on metric windows built from the
+rankers' own metric objects: warm-up, steps, promote, abort on drift, and "no data is never
+a pass". The same rollouts run on real pods in the end-to-end scenarios."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from kvrank.metrics import Metrics
+from kvrank.server.shadow import ShadowConfig, ShadowMirror, compare
+from kvrank_operator import manifests as m
+from kvrank_operator import rollout
+from kvrank_operator.analysis import (
+    Window,
+    counts_from_text,
+    evaluate,
+    pods_window,
+    quantile,
+    total,
+)
+from kvrank_operator.spec import Check, parse_spec
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+CANARY: dict[str, Any] = {
+    "version": "v2",
+    "uri": "/models/v2",
+    "shadow": {"sample": 0.2},
+    "warmup": {"hitRatio": 0.7, "minRequests": 100, "timeoutSeconds": 300},
+    "steps": [{"weight": 20, "pauseSeconds": 60}, {"weight": 50, "pauseSeconds": 60}],
+    "analysis": {
+        "scoreDelta": {"max": 0.01, "minSamples": 50},
+        "rankCorrelation": {"min": 0.95, "minSamples": 50},
+        "errorRatio": {"max": 0.01, "minSamples": 50},
+        "inconclusiveTimeoutSeconds": 120,
+    },
+}
+
+
+def spec_with(**canary: Any) -> Any:
+    return parse_spec(
+        {"model": {"version": "v1", "uri": "/models/v1", "replicas": 4}, "canary": CANARY | canary}
+    )
+
+
+def pod_text(
+    version: str,
+    requests: int = 0,
+    hits: int = 0,
+    errors: int = 0,
+    compared: int = 0,
+    drift: float = 0.0,
+) -> str:
+    """One pod's /metrics as a ranker serving ``version`` writes it: ``requests`` answered
+    (``hits`` from a cache, ``errors`` with a 500) and ``compared`` mirrored requests whose
+    canary scores are off by ``drift``."""
+    metrics = Metrics(version, f"v-{version}")
+    for i in range(requests):
+        metrics.observe_request("l1" if i < hits else "miss", {"total": 5.0})
+        metrics.observe_response("/v1/score", 500 if i < errors else 200)
+    shadow = ShadowMirror(
+        lambda: ShadowConfig(), metrics.registry, {"model_version": version}, own_version=version
+    )
+    stable = [0.9, 0.5, 0.3, 0.1]
+    canary = [s + drift * (i % 2 * 2 - 1) for i, s in enumerate(stable)]  # ±drift
+    for _ in range(compared):
+        delta, rho, changed = compare(np.array(stable), np.array(canary), 2)
+        for d in delta:
+            shadow.delta.observe(float(d))
+        shadow.rank.observe(rho)
+        shadow.topk_changed.inc(changed)
+        shadow.results["sent"].inc()
+    return generate_latest(metrics.registry).decode()
+
+
+def window(stable: str = "", canary: str = "", problem: str | None = None) -> Window:
+    counts = {**counts_from_text(stable), **counts_from_text(canary)}
+    return Window(counts.get("v2", {}), counts.get("v1", {}), problem)
+
+
+class Script:
+    """Hands out the window a test sets for each key, and records what was asked."""
+
+    def __init__(self) -> None:
+        self.windows: dict[str, Window] = {}
+        self.asked: list[str] = []
+
+    def __call__(self, key: str, since: dt.datetime) -> Window:
+        self.asked.append(key)
+        return self.windows.get(key, Window())
+
+
+def run(spec: Any, state: Any, script: Script, at: float, ready: bool = True) -> Any:
+    return rollout.advance(spec, state, ready, script, T0 + dt.timedelta(seconds=at))
+
+
+def test_counts_read_the_rankers_own_metrics() -> None:
+    counts = counts_from_text(pod_text("v1", requests=10, hits=7, errors=1, compared=5))["v1"]
+    assert counts["requests"] == 10 and counts["cached"] == 7
+    assert counts["responses"] == 10 and counts["errors"] == 1
+    assert counts["shadow_sent"] == 5 and counts["latency_le:+Inf"] == 10
+    # all 10 at 5 ms, in the (2 ms, 5 ms] bucket: the median interpolates within it
+    assert quantile(0.5, counts, "latency_le") == pytest.approx(0.0035)
+
+
+def test_a_pods_window_counts_since_it_opened_and_a_restarted_pod_from_zero() -> None:
+    then = {"pod-a": counts_from_text(pod_text("v2", requests=50, hits=10))}
+    now = {
+        "pod-a": counts_from_text(pod_text("v2", requests=80, hits=40)),  # +30 requests, all hits
+        "pod-b": counts_from_text(pod_text("v2", requests=5, hits=5)),  # started since
+    }
+    w = pods_window(then, now, "v1", "v2")
+    assert w.canary["requests"] == 35 and w.canary["cached"] == 35
+    restarted = {"pod-a": counts_from_text(pod_text("v2", requests=3, hits=0))}
+    assert pods_window(then, restarted, "v1", "v2").canary["requests"] == 3
+
+
+def test_quantiles_are_prometheus_histogram_quantile() -> None:
+    c = {"x:0.1": 1.0, "x:0.5": 3.0, "x:1.0": 4.0, "x:+Inf": 4.0}
+    assert quantile(0.5, c, "x") == pytest.approx(0.3)  # rank 2: halfway through (0.1, 0.5]
+    assert quantile(0.25, c, "x") == pytest.approx(0.1)
+    assert quantile(1.0, {**c, "x:+Inf": 8.0}, "x") == 1.0  # in +Inf: the highest bound
+    assert quantile(0.5, {"x:1.0": 0.0, "x:+Inf": 0.0}, "x") is None
+    assert total([{"a": 1.0}, {"a": 2.0, "b": 1.0}]) == {"a": 3.0, "b": 1.0}
+
+
+def test_no_data_too_few_samples_and_nan_are_inconclusive_never_a_pass() -> None:
+    check = Check("max", 0.01, min_samples=50)
+    (empty,) = evaluate({"errorRatio": check}, Window())
+    assert empty.verdict == "inconclusive" and "no data" in empty.describe()
+    (few,) = evaluate({"errorRatio": check}, window(canary=pod_text("v2", requests=10)))
+    assert few.verdict == "inconclusive" and "10/50 samples" in few.describe()
+    (enough,) = evaluate({"errorRatio": check}, window(canary=pod_text("v2", requests=60)))
+    assert enough.verdict == "pass" and enough.value == 0
+
+
+def test_an_agreeing_canary_warms_up_then_passes_every_step_and_is_promoted() -> None:
+    spec, script = spec_with(), Script()
+    d = run(spec, None, script, 0, ready=False)
+    assert d.canary["phase"] == "Starting" and d.events[0][1] == "RolloutStarted"
+    live = rollout.effective(spec, d.canary)
+    assert live.canary is not None and not live.canary.serving  # out of the Service
+    assert live.replicas_of("stable") == 4 and live.replicas_of("canary") == 1
+    d = run(spec, d.canary, script, 5)  # Ready
+    assert d.canary["phase"] == "Warming"
+    script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=60, hits=50))
+    d = run(spec, d.canary, script, 10)
+    assert d.canary["phase"] == "Warming", "60 requests are fewer than minRequests"
+    assert d.canary["warmHitRatio"] == pytest.approx(0.833, abs=1e-3)
+    script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=200, hits=180))
+    d = run(spec, d.canary, script, 15)
+    assert d.canary["phase"] == "Progressing" and d.canary["stepText"] == "1/2"
+    assert [e[1] for e in d.events] == ["CanaryWarm"]
+    live = rollout.effective(spec, d.canary)
+    assert live.canary is not None and live.canary.serving and live.canary.weight == 20
+    agreeing = window(
+        stable=pod_text("v1", requests=400, compared=80),
+        canary=pod_text("v2", requests=100, hits=90),
+    )
+    script.windows["v2/step-1"] = agreeing
+    d = run(spec, d.canary, script, 30)
+    assert d.canary["phase"] == "Progressing" and d.canary["step"] == 1, "the pause is 60 s"
+    assert {c["result"] for c in d.canary["checks"]} == {"pass"}
+    d = run(spec, d.canary, script, 76)
+    assert d.canary["step"] == 2 and [e[1] for e in d.events] == ["StepPassed"]
+    assert rollout.effective(spec, d.canary).canary.weight == 50  # type: ignore[union-attr]
+    script.windows["v2/step-2"] = agreeing
+    d = run(spec, d.canary, script, 140)
+    assert d.canary["phase"] == "Promoted" and d.promote
+    assert [e[1] for e in d.events] == ["CanaryPromoted"]
+    assert d.condition[0] and d.condition[1] == "Promoted"
+
+
+def test_a_drifting_canary_is_aborted_at_the_first_step_naming_metric_value_threshold() -> None:
+    spec, script = spec_with(warmup=None, shadow={"sample": 0.2}), Script()
+    d = run(spec, None, script, 0)
+    assert d.canary["phase"] == "Progressing"  # no warm-up: straight to step 1
+    script.windows["v2/step-1"] = window(
+        stable=pod_text("v1", requests=400, compared=80, drift=0.2),
+        canary=pod_text("v2", requests=100),
+    )
+    d = run(spec, d.canary, script, 10)  # before the pause ends: a failure aborts at once
+    assert d.canary["phase"] == "Aborted" and not d.promote
+    ok, reason, message = d.condition
+    assert not ok and reason == "AnalysisFailed"
+    assert "scoreDelta" in message and "max 0.01" in message and "0.2" in message, message
+    assert d.events[-1][:2] == ("Warning", "RolloutAborted")
+    assert rollout.effective(spec, d.canary).canary is None  # removed, namespace purged
+    again = run(spec, d.canary, script, 20)
+    assert again.canary["phase"] == "Aborted" and not again.events, "aborted stays aborted"
+
+
+def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None:
+    spec, script = spec_with(warmup=None), Script()
+    d = run(spec, None, script, 0)
+    script.windows["v2/step-1"] = Window(problem="Prometheus at http://p:9090 unreachable")
+    for at in (30, 61, 150):  # past the pause, within the inconclusive timeout (60 + 120)
+        d = run(spec, d.canary, script, at)
+        assert d.canary["phase"] == "Progressing" and not d.promote
+        ok, reason, message = d.condition
+        assert not ok and reason == "Inconclusive" and "unreachable" in message, message
+    d = run(spec, d.canary, script, 181)
+    assert d.canary["phase"] == "Aborted" and d.condition[1] == "Inconclusive"
+    assert not d.promote
+
+
+def test_a_warm_up_that_times_out_joins_cold_with_a_warning() -> None:
+    spec, script = spec_with(), Script()
+    d = run(spec, run(spec, None, script, 0).canary, script, 1)
+    assert d.canary["phase"] == "Warming"
+    script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=500, hits=100))
+    d = run(spec, d.canary, script, 302)
+    assert d.canary["phase"] == "Progressing"
+    assert d.events == [("Warning", "WarmupTimedOut", d.events[0][2])]
+    assert "0.200 over 500 requests" in d.events[0][2]
+
+
+def test_without_steps_the_canary_stays_at_its_weight_until_a_person_promotes() -> None:
+    spec, script = spec_with(warmup=None, steps=[], analysis={}), Script()
+    d = run(spec, None, script, 0)
+    assert d.canary["phase"] == "Manual" and d.canary["weight"] == 10
+    assert run(spec, d.canary, script, 3600).canary["phase"] == "Manual"
+    assert not script.asked, "no analysis without steps"
+
+
+def test_the_pods_config_and_services_follow_the_rollout() -> None:
+    spec = spec_with()
+    warming = rollout.effective(spec, {"version": "v2", "phase": "Warming"})
+    doc = yaml.safe_load(m.ranker_config(warming, "feed", "prod", ttl_s=None))
+    assert doc["shadow"] == {
+        "url": "http://feed-v2.prod.svc:8080",
+        "version": "v2",
+        "sample": 0.2,
+        "top_k": 10,
+    }
+    ShadowConfig.model_validate(doc["shadow"])  # what the rankers accept
+    shared, *_ = m.services(warming, "feed", "prod")
+    assert shared["spec"]["selector"]["kvrank.io/version"] == "v1"
+    serving = rollout.effective(spec, {"version": "v2", "phase": "Progressing", "step": 1})
+    shared, *_ = m.services(serving, "feed", "prod")
+    assert "kvrank.io/version" not in shared["spec"]["selector"]
+    aborted = rollout.effective(spec, {"version": "v2", "phase": "Aborted"})
+    assert "shadow" not in yaml.safe_load(m.ranker_config(aborted, "feed", "prod", None))
+    no_shadow = parse_spec(
+        {
+            "model": {"version": "v1", "uri": "/m"},
+            "canary": CANARY | {"shadow": None, "warmup": None, "steps": [], "analysis": {}},
+        }
+    )
+    assert "shadow" not in yaml.safe_load(m.ranker_config(no_shadow, "feed", "prod", None))
