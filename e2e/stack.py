@@ -80,15 +80,20 @@ RESTRICTED = {
 }
 
 
-def write_models(root: Path, versions: tuple[str, ...] = ("v1", "v2", "v3")) -> Path:
-    """``root/feed-ranker/<version>`` artifacts, one seed per version (different scores)."""
+SEEDS = {"v1": 0, "v2": 1, "v3": 2, "v2.1": 1}
+"""One seed per version (different scores), except ``v2.1``: ``v2``'s weights under another
+version (a rebuild that changed nothing), so its scores equal ``v2``'s."""
+
+
+def write_models(root: Path) -> Path:
+    """``root/feed-ranker/<version>`` artifacts of every version in :data:`SEEDS`."""
     import torch
 
-    for i, version in enumerate(versions):
+    for version, seed in SEEDS.items():
         target = root / "feed-ranker" / version
         if (target / "config.json").exists():
             continue
-        torch.manual_seed(i)
+        torch.manual_seed(seed)
         save_model(RankerModel(MODEL_CONFIG, version), target)
     return root
 

@@ -11,6 +11,7 @@ reports the RankerDeployments, pods, Events and operator log when it times out.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -753,6 +754,226 @@ def test_12_redis_pod_deleted_under_load_scoring_keeps_succeeding_and_the_cluste
     )
 
 
+# ---------------------------------------------------------------------------- progressive
+class Traffic:
+    """Clients of the shared Service, from a thread: a few hot users over and over (the same
+    history each time, as a user between two events), every answer or failure recorded as
+    ``(status, model version, cache outcome)``."""
+
+    def __init__(self, stack: Stack, users: int = 8, pause_s: float = 0.05) -> None:
+        self.stack, self.users, self.pause_s = stack, users, pause_s
+        self.results: list[tuple[int, str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        for i in itertools.count():
+            if self._stop.is_set():
+                return
+            user = i % self.users
+            try:
+                resp = self.stack.score("feed-ranker", body(f"hot-{user}", user), timeout=30)
+            except httpx.HTTPError as exc:
+                self.results.append((0, "", f"{type(exc).__name__}: {exc}"))
+                continue
+            doc = resp.json() if resp.status_code == 200 else {}
+            self.results.append(
+                (resp.status_code, doc.get("model_version", ""), doc.get("cache", resp.text[:200]))
+            )
+            time.sleep(self.pause_s)
+
+    def failures(self) -> list[tuple[int, str, str]]:
+        return [r for r in self.results if r[0] != 200]
+
+
+def progressive_spec(stack: Stack, stable: str, canary: str, **rollout: Any) -> dict[str, Any]:
+    doc = canary_spec(stack, canary)
+    doc["spec"]["model"].update(version=stable, uri=stack.model_uri(stable))
+    doc["spec"]["canary"].pop("weight")
+    doc["spec"]["canary"].update(rollout)
+    return doc
+
+
+def rollout_status(stack: Stack) -> dict[str, Any]:
+    return dict(status(stack, "feed-ranker").get("canary") or {})
+
+
+def event_messages(stack: Stack, reason: str) -> list[str]:
+    out = stack.kubectl(
+        "get", "events", "-n", NS, "--field-selector", f"reason={reason}", "-o", "json"
+    )
+    return [e["message"] for e in json.loads(out)["items"]]
+
+
+def test_13_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_step(
+    stack: Stack,
+) -> None:
+    """v2.1 has v2's weights: its scores agree, it warms up on the mirrored requests
+    before it takes real ones, and the operator promotes it through both steps."""
+    doc = progressive_spec(
+        stack,
+        "v2",
+        "v2.1",
+        shadow={"sample": 0.5, "topK": 5},
+        warmup={"hitRatio": 0.6, "minRequests": 30, "timeoutSeconds": 240},
+        steps=[{"weight": 20, "pauseSeconds": 15}, {"weight": 40, "pauseSeconds": 15}],
+        analysis={
+            "scoreDelta": {"max": 1e-4, "quantile": 0.99, "minSamples": 20},
+            "rankCorrelation": {"min": 0.99, "minSamples": 20},
+            "errorRatio": {"max": 0.01, "minSamples": 20},
+            "inconclusiveTimeoutSeconds": 120,
+            "source": stack.ttl_source(),  # the run's Prometheus (kind: the pods)
+        },
+    )
+    with Traffic(stack) as traffic:
+        stack.apply(doc)
+        stack.wait_for(
+            lambda: rollout_status(stack).get("phase") == "Warming", "v2.1 warming up", 240
+        )
+        shared = stack.must_get("service", "feed-ranker")["spec"]["selector"]
+        assert shared.get("kvrank.io/version") == "v2", shared  # out of the shared Service
+        assert not [r for r in traffic.results if r[1] == "v2.1"], "real traffic on v2.1"
+        stack.wait_for(
+            lambda: rollout_status(stack).get("phase") in ("Progressing", "Promoted"),
+            "v2.1 warm, joining the Service",
+            240,
+        )
+        joined = rollout_status(stack)
+        assert joined["warmHitRatio"] >= 0.6 and joined["warmRequests"] >= 30, joined
+        assert stack.redis_keys("v-v2-1") > 0, "the canary's namespace was not warmed"
+        table = stack.kubectl("get", "rkd", "feed-ranker", "-n", NS)
+        assert "Progressing" in table and "1/2" in table, table
+        stack.wait_for(
+            lambda: (stack.get("rkd", "feed-ranker") or {})["spec"]["model"]["version"] == "v2.1",
+            "v2.1 promoted",
+            300,
+        )
+        stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready on v2.1", 240)
+    done = rollout_status(stack)
+    assert done["phase"] == "Promoted", done
+    assert "canary" not in stack.must_get("rkd", "feed-ranker")["spec"]
+    checks = {c["metric"]: c for c in done["checks"]}
+    assert checks["scoreDelta"]["value"] <= 1e-4, checks  # the same weights: equal scores
+    assert checks["rankCorrelation"]["value"] >= 0.99, checks
+    assert all(c["result"] == "pass" for c in checks.values()), checks
+    served = [r for r in traffic.results if r[1] == "v2.1"]
+    assert len(served) >= 5, f"v2.1 answered {len(served)} real requests"
+    assert all(r[2] != "miss" for r in served[:5]), f"first real answers {served[:5]}"
+    assert not traffic.failures(), traffic.failures()[:5]
+    assert event_messages(stack, "CanaryWarm") and event_messages(stack, "StepPassed")
+    promoted = event_messages(stack, "CanaryPromoted")
+    assert promoted and "step 2/2" in promoted[-1], promoted
+    assert ok_score(stack, "feed-ranker", "after-auto-promote")["model_version"] == "v2.1"
+
+
+def test_14_a_drifting_canary_is_aborted_at_its_first_step_and_purged(stack: Stack) -> None:
+    """v3 has other weights: the shadow comparison sees its scores drift beyond the
+    threshold, the rollout aborts in step 1, the stable version is untouched."""
+    stable = stack.must_get("deployment", "feed-ranker-v2-1")
+    doc = progressive_spec(
+        stack,
+        "v2.1",
+        "v3",
+        shadow={"sample": 0.5},
+        steps=[{"weight": 20, "pauseSeconds": 60}],
+        analysis={
+            "scoreDelta": {"max": 0.01, "minSamples": 10},
+            "errorRatio": {"max": 0.01, "minSamples": 10},
+            "source": {"type": "pods"},
+        },
+    )
+    with Traffic(stack) as traffic:
+        stack.apply(doc)
+        stack.wait_for(lambda: rollout_status(stack).get("phase") == "Aborted", "v3 aborted", 240)
+        stack.wait_for(
+            lambda: namespaces(stack, "feed-ranker").get("v-v3") == "purged", "v3 purged", 120
+        )
+    aborted = condition(stack, "feed-ranker", "CanaryAnalysis")
+    assert aborted is not None and aborted["status"] == "False", aborted
+    assert aborted["reason"] == "AnalysisFailed", aborted
+    message = aborted["message"]
+    assert "step 1/1" in message and "scoreDelta" in message and "max 0.01" in message, message
+    (event,) = event_messages(stack, "RolloutAborted")
+    assert "scoreDelta" in event, event
+    assert stack.redis_keys("v-v3") == 0
+    stack.wait_for(
+        lambda: stack.get("deployment", "feed-ranker-v3") is None, "v3 Deployment removed"
+    )
+    after = stack.must_get("deployment", "feed-ranker-v2-1")
+    assert after["metadata"]["uid"] == stable["metadata"]["uid"]
+    assert namespaces(stack, "feed-ranker").get("v-v2-1") == "active"
+    assert stack.must_get("rkd", "feed-ranker")["spec"]["model"]["version"] == "v2.1"
+    assert not traffic.failures(), traffic.failures()[:5]
+
+
+def test_15_a_canary_without_data_is_never_promoted(stack: Stack) -> None:
+    """No verdict is not a pass: with Prometheus unreachable, and with no shadow traffic,
+    the step waits, says why, and aborts after its timeout."""
+    unreachable = progressive_spec(
+        stack,
+        "v2.1",
+        "v1",
+        steps=[{"weight": 20, "pauseSeconds": 5}],
+        analysis={
+            "errorRatio": {"max": 0.01, "minSamples": 10},
+            "inconclusiveTimeoutSeconds": 20,
+            "source": {"type": "prometheus", "prometheus": {"url": "http://127.0.0.1:9"}},
+        },
+    )
+    quiet = progressive_spec(
+        stack,
+        "v2.1",
+        "v1",
+        shadow={"sample": 0.5},
+        steps=[{"weight": 20, "pauseSeconds": 5}],
+        analysis={
+            "scoreDelta": {"max": 0.01, "minSamples": 10},
+            "inconclusiveTimeoutSeconds": 20,
+            "source": {"type": "pods"},
+        },
+    )
+    removed = progressive_spec(stack, "v2.1", "v1")
+    removed["spec"].pop("canary")
+    for doc, why, traffic_on in (
+        (unreachable, "unreachable", True),
+        (quiet, "0/10 samples", False),
+    ):
+        stack.apply(doc)
+        with Traffic(stack) if traffic_on else contextlib.nullcontext():
+            waiting = stack.wait_for(
+                lambda: (
+                    (c := condition(stack, "feed-ranker", "CanaryAnalysis"))
+                    and c["reason"] == "Inconclusive"
+                    and rollout_status(stack).get("phase") == "Progressing"
+                    and c
+                ),
+                f"an inconclusive step ({why})",
+                240,
+            )
+            assert waiting["status"] == "False" and why in waiting["message"], waiting
+            ended = stack.wait_for(
+                lambda: (
+                    rollout_status(stack).get("phase") in ("Aborted", "Promoted")
+                    and rollout_status(stack)
+                ),
+                f"the rollout ended ({why})",
+                120,
+            )
+        assert ended["phase"] == "Aborted" and ended["reason"] == "Inconclusive", ended
+        assert stack.must_get("rkd", "feed-ranker")["spec"]["model"]["version"] == "v2.1"
+        stack.apply(removed)  # a person removes the aborted canary; the next one starts anew
+        stack.wait_for(lambda: rollout_status(stack).get("ended"), "the canary removed", 60)
+    stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready without a canary", 240)
+
+
 # ---------------------------------------------------------------------------- API load
 OPERATOR_WRITES = {
     "rankerdeployments",
@@ -769,7 +990,7 @@ OPERATOR_WRITES = {
 ``/status``)."""
 
 
-def test_13_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> None:
+def test_16_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack) -> None:
     names = ("feed-ranker", "ttl-ranker")
     for name in names:
         stack.wait_for(lambda name=name: ready(stack, name), f"{name} Ready", 240)
@@ -831,7 +1052,7 @@ def promql(stack: Stack, query: str) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
-def test_14_every_dashboard_panel_and_alert_query_returns_data(stack: Stack) -> None:
+def test_17_every_dashboard_panel_and_alert_query_returns_data(stack: Stack) -> None:
     """The chart's dashboard and alerts against the Prometheus that scrapes the ranker pods
     and the operator as kube-prometheus-stack's monitors would: each template variable
     offers this RankerDeployment, every panel query returns a number (no panel left empty),
@@ -894,7 +1115,7 @@ def test_14_every_dashboard_panel_and_alert_query_returns_data(stack: Stack) -> 
 
 
 # ---------------------------------------------------------------------------- delete
-def test_15_delete_removes_everything_it_created(stack: Stack) -> None:
+def test_18_delete_removes_everything_it_created(stack: Stack) -> None:
     for name in ("feed-ranker", "ttl-ranker"):
         stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=false")
     for name in ("feed-ranker", "ttl-ranker"):
@@ -913,7 +1134,7 @@ def test_15_delete_removes_everything_it_created(stack: Stack) -> None:
 
 
 # ---------------------------------------------------------------------------- uninstall
-def test_16_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
+def test_19_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
     doc = stack.adapt(example("basic.yaml"))
     doc["metadata"]["name"] = "left-behind"
     doc["spec"]["model"]["replicas"] = 1

@@ -23,7 +23,9 @@ A rollout (``status.canary``) goes through these phases::
 - **Manual** (no steps): the canary stays at ``canary.weight`` until a person promotes it.
 - **Promoted**: the operator rewrites the spec (``model`` ← the canary, ``canary`` removed):
   the same path as a manual promote. **Aborted**: the canary is removed and its cache
-  namespace purged; the spec keeps the canary until a person changes or removes it.
+  namespace purged; the spec keeps the canary until a person changes or removes it. Once the
+  spec has no canary the ended rollout stays in the status (``ended: true``); a canary put
+  back, the same version included, starts a new rollout.
 """
 
 from __future__ import annotations
@@ -99,11 +101,11 @@ def advance(
     c = spec.canary
     if c is None:  # keep how the last rollout ended; a canary removed by hand leaves none
         if rollout and rollout.get("phase") in (PROMOTED, ABORTED):
-            return Decision(rollout, condition=_last_condition(rollout))
+            return Decision({**rollout, "ended": True}, condition=_last_condition(rollout))
         return Decision(None)
     events: list[Event] = []
-    if rollout and rollout.get("phase") == PROMOTED and _promoted_long_ago(rollout, now):
-        rollout = None  # the promoted canary is back in the spec (an old spec re-applied)
+    if rollout and (rollout.get("ended") or _promoted_long_ago(rollout, now)):
+        rollout = None  # a canary in the spec again (a retry, or an old spec re-applied)
     if rollout is None or rollout.get("version") != c.version:
         rollout = {"version": c.version, "phase": STARTING, "step": 0, "since": iso(now)}
         plan = ", ".join(f"{s.weight}%" for s in c.steps) or f"{c.weight}% until promoted"
@@ -246,6 +248,8 @@ def _abort(
 
 
 def _promoted_long_ago(rollout: dict[str, Any], now: dt.datetime) -> bool:
+    if rollout.get("phase") != PROMOTED:
+        return False
     return (now - parse_iso(rollout["since"])).total_seconds() > PROMOTE_RETRY_S
 
 

@@ -5,6 +5,7 @@ a pass". The same rollouts run on real pods in the end-to-end scenarios."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import numpy as np
@@ -193,6 +194,11 @@ def test_a_drifting_canary_is_aborted_at_the_first_step_naming_metric_value_thre
     assert rollout.effective(spec, d.canary).canary is None  # removed, namespace purged
     again = run(spec, d.canary, script, 20)
     assert again.canary["phase"] == "Aborted" and not again.events, "aborted stays aborted"
+    without = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}})
+    removed = run(without, again.canary, script, 30)  # a person removes the canary
+    assert removed.canary["phase"] == "Aborted" and removed.condition[1] == "AnalysisFailed"
+    retry = run(spec, removed.canary, script, 40, ready=False)
+    assert retry.canary["phase"] == "Starting", "the same canary put back: a new rollout"
 
 
 def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None:
@@ -253,3 +259,10 @@ def test_the_pods_config_and_services_follow_the_rollout() -> None:
         }
     )
     assert "shadow" not in yaml.safe_load(m.ranker_config(no_shadow, "feed", "prod", None))
+
+
+def test_a_dotted_version_gets_services_with_dns_label_names() -> None:
+    spec = parse_spec({"model": {"version": "v2.1", "uri": "/m"}})
+    names = [s["metadata"]["name"] for s in m.services(spec, "feed", "prod")]
+    assert names == ["feed", "feed-v2-1"]
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names)

@@ -203,6 +203,24 @@ def loadtest(
     run_loadtest(profile, model, json_out, knobs, pods)
 
 
+@app.command()
+def shadowtest(
+    profile: Annotated[str, typer.Option(help="smoke (seconds), quick, full.")] = "quick",
+    sample: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests mirrored.")
+    ] = 0.2,
+    model: Annotated[Path | None, typer.Option(help="Artifact (default: seed-fixed).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+) -> None:
+    """What shadow scoring costs the stable pod: p50/p99 with shadowing, without (twice: the
+    noise floor) and with the canary down, side by side in one run."""
+    from kvrank.tools.jobs import run_shadowtest
+
+    if profile not in ("smoke", "quick", "full"):
+        raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
+    run_shadowtest(profile, sample, model, json_out)
+
+
 @cache_app.command("purge")
 def cache_purge(
     namespace: Annotated[str, typer.Option(help="Namespace to remove.")],

@@ -92,3 +92,37 @@ def test_the_oracle_counts_returning_users_and_both_arrival_laws_keep_the_rate()
     # bursty: most gaps far shorter than Poisson's, a few far longer
     assert np.median(gaps["bursty"]) < 0.6 * np.median(gaps["poisson"])
     assert gaps["bursty"].max() > 3 * gaps["poisson"].max()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "shadow.json"
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kvrank"),
+            "shadowtest",
+            "--profile",
+            "smoke",
+            "--sample",
+            "0.5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == 0, "a canary that is down must fail no request"
+    for pod in ("off", "off_again", "shadow", "canary_down"):
+        assert report[pod]["requests"] == 80 and report[pod]["errors"] == 0
+    mirrored, down = report["mirrored"]["shadow"], report["mirrored"]["canary_down"]
+    # about half of 80 mirrored (binomial: 40 ± 4.5), each compared or counted as dropped
+    assert 20 <= mirrored["sent"] + mirrored["dropped"] <= 60 and mirrored["error"] == 0
+    assert report["canary_requests"] == mirrored["sent"]
+    assert down["sent"] == 0 and 20 <= down["error"] + down["dropped"] <= 60
+    for ratio in ("p99_ratio_shadow_vs_off", "p99_ratio_noise_off_again_vs_off"):
+        assert report[ratio] > 0

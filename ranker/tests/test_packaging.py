@@ -31,7 +31,7 @@ def test_operator_is_still_the_standard_library() -> None:
 @pytest.mark.parametrize(
     ("script", "commands"),
     [
-        ("kvrank", ["serve", "bench", "train", "demo", "loadtest", "cache"]),
+        ("kvrank", ["serve", "bench", "train", "demo", "loadtest", "shadowtest", "cache"]),
         ("kvrank-operator", ["run", "version"]),
     ],
 )

@@ -66,7 +66,9 @@ def version_labels(instance: str, version: str) -> dict[str, str]:
 
 
 def deployment_name(instance: str, version: str) -> str:
-    return f"{instance}-{version}"[:63].rstrip("-.")
+    """A version's Deployment and Service: a DNS label (a Service name has no dots, so
+    ``v2.1`` is ``v2-1`` here, as in its cache namespace)."""
+    return f"{instance}-{version.replace('.', '-')}"[:63].rstrip("-")
 
 
 def redis_name(instance: str) -> str:

@@ -135,6 +135,34 @@ def run_loadtest(
     return run.summary
 
 
+def run_shadowtest(
+    profile: str, sample: float, model: Path | None, json_out: Path | None
+) -> dict[str, Any]:
+    from kvrank.tools.shadowload import PODS, run_shadow_load
+
+    summary = run_shadow_load(profile, sample, model)
+    table = Table(title=f"kvrank shadowtest — {profile} profile, {sample:.0%} mirrored")
+    for col in ("", *PODS):
+        table.add_column(col, justify="right" if col else "left")
+    for key, label in (("requests", "requests"), ("errors", "failed")):
+        table.add_row(label, *(str(summary[p][key]) for p in PODS))
+    for key in ("p50_ms", "p99_ms"):
+        table.add_row(key.replace("_", " "), *(f"{summary[p][key]:.1f}" for p in PODS))
+    console.print(table)
+    m = summary["mirrored"]
+    console.print(
+        f"p99 vs off: shadow {summary['p99_ratio_shadow_vs_off']:.2f}×, canary down"
+        f" {summary['p99_ratio_canary_down_vs_off']:.2f}×, noise (off again)"
+        f" {summary['p99_ratio_noise_off_again_vs_off']:.2f}×; mirrored: sent"
+        f" {m['shadow']['sent']:.0f}, dropped {m['shadow']['dropped']:.0f}; to the down canary:"
+        f" errors {m['canary_down']['error']:.0f}, dropped {m['canary_down']['dropped']:.0f}"
+    )
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
 def run_demo(model_dir: Path, report_dir: Path) -> None:
     from kvrank.tools.loadtest import PROFILES, run_load
 

@@ -10,6 +10,7 @@ stopped on exit, even on errors.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -303,7 +304,7 @@ class ProcessStack:
         self.redis_url = server.url
         return self.redis_url
 
-    def start_ranker(self, model: Path, *args: str) -> str:
+    def start_ranker(self, model: Path, *args: str, env: dict[str, str] | None = None) -> str:
         port = free_port()
         log = self._exit.enter_context((self.workdir / f"ranker-{port}.log").open("wb"))
         cmd = [
@@ -315,7 +316,9 @@ class ProcessStack:
             str(port),
             *args,
         ]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

@@ -25,6 +25,8 @@ class Result:
     latency_ms: float
     status: int
     outcome: str  # l1 | l2 | incremental | miss | error
+    target: int = 0
+    """Index of the server URL the request went to."""
 
 
 async def replay(
@@ -48,7 +50,7 @@ async def replay(
                 status = resp.status_code
             except httpx.HTTPError:
                 outcome, status = "error", 0
-            r = Result(t0 - start, (time.monotonic() - t0) * 1e3, status, outcome)
+            r = Result(t0 - start, (time.monotonic() - t0) * 1e3, status, outcome, i % len(urls))
             results.append(r)
             if on_result:
                 on_result(r)
