@@ -45,31 +45,34 @@ HISTOGRAMS = {
 
 def counts_from_text(text: str) -> dict[str, Counts]:
     """model version → its counts, from one pod's Prometheus text exposition."""
-    out: dict[str, Counts] = defaultdict(lambda: defaultdict(float))
+    out: dict[str, Counts] = defaultdict(dict)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             version = s.labels.get("model_version")
             if version is None:
                 continue
             _add(out[version], s.name, s.labels, s.value)
-    return {v: dict(c) for v, c in out.items()}
+    return dict(out)
 
 
 def _add(c: Counts, name: str, labels: dict[str, str], value: float) -> None:
+    def inc(key: str) -> None:
+        c[key] = c.get(key, 0.0) + value
+
     if name == "kvrank_requests_total" and labels.get("outcome") != "none":
-        c["requests"] += value
+        inc("requests")
         if labels.get("outcome") in ("l1", "l2", "incremental"):
-            c["cached"] += value
+            inc("cached")
     elif name == "kvrank_http_responses_total" and labels.get("route") == SCORE_ROUTE:
-        c["responses"] += value
+        inc("responses")
         if labels.get("code", "").startswith("5"):
-            c["errors"] += value
+            inc("errors")
     elif name == "kvrank_shadow_requests_total" and labels.get("result") == "sent":
-        c["shadow_sent"] += value
+        inc("shadow_sent")
     elif name == "kvrank_shadow_topk_changed_total":
-        c["shadow_topk_changed"] += value
+        inc("shadow_topk_changed")
     elif name in HISTOGRAMS:
-        c[f"{HISTOGRAMS[name]}:{_le(labels['le'])}"] += value
+        inc(f"{HISTOGRAMS[name]}:{_le(labels['le'])}")
 
 
 def _le(bound: str) -> str:
@@ -239,7 +242,8 @@ def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -
     elif key == "topk":
         _add(c, "kvrank_shadow_topk_changed_total", labels, value)
     else:
-        c[f"{key}:{_le(labels['le'])}"] = c.get(f"{key}:{_le(labels['le'])}", 0.0) + value
+        bucket = f"{key}:{_le(labels['le'])}"
+        c[bucket] = c.get(bucket, 0.0) + value
 
 
 def _query(url: str, query: str) -> tuple[list[tuple[dict[str, str], float]], str | None]:

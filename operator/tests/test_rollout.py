@@ -5,16 +5,21 @@ a pass". The same rollouts run on real pods in the end-to-end scenarios."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
+import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import generate_latest, start_http_server
 
 from kvrank.metrics import Metrics
 from kvrank.server.shadow import ShadowConfig, ShadowMirror, compare
+from kvrank.tools.processes import PrometheusServer, free_port
 from kvrank_operator import manifests as m
 from kvrank_operator import rollout
 from kvrank_operator.analysis import (
@@ -22,6 +27,7 @@ from kvrank_operator.analysis import (
     counts_from_text,
     evaluate,
     pods_window,
+    prometheus_window,
     quantile,
     total,
 )
@@ -266,3 +272,70 @@ def test_a_dotted_version_gets_services_with_dns_label_names() -> None:
     names = [s["metadata"]["name"] for s in m.services(spec, "feed", "prod")]
     assert names == ["feed", "feed-v2-1"]
     assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names)
+
+
+def series(url: str, query: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    ) as r:
+        return list(json.loads(r.read())["data"]["result"])
+
+
+def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The queries the operator sends, against a real Prometheus scraping the rankers' own
+    metric objects with the target labels a PodMonitor gives them."""
+    registries = {"v1": Metrics("v1", "v-v1"), "v2": Metrics("v2", "v-v2")}
+    shadow = ShadowMirror(
+        lambda: ShadowConfig(), registries["v1"].registry, {"model_version": "v1"}, "v1"
+    )
+    servers, targets = [], []
+    for metrics in registries.values():
+        port = free_port()
+        server, thread = start_http_server(port, "127.0.0.1", metrics.registry)
+        servers.append((server, thread))
+        labels = {"namespace": "prod", "app_kubernetes_io_instance": "feed"}
+        targets.append({"targets": [f"127.0.0.1:{port}"], "labels": labels})
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "rankers", "static_configs": targets}],
+    }
+    prometheus = PrometheusServer(tmp_path / "prometheus", config).start()
+    try:
+        scraped = 'count_over_time(up{job="rankers"}[1m]) >= 2'
+        deadline = time.monotonic() + 30
+        while (
+            len(series(prometheus.url, scraped)) < 2
+        ):  # both scraped twice at zero: counted from here
+            assert time.monotonic() < deadline, "Prometheus did not scrape the two targets"
+            time.sleep(0.5)
+        for i in range(30):
+            registries["v2"].observe_request("l1" if i < 24 else "miss", {"total": 5.0})
+            registries["v2"].observe_response("/v1/score", 500 if i < 3 else 200)
+        for _ in range(12):
+            delta, rho, _ = compare(np.array([0.9, 0.5]), np.array([0.9, 0.5]), 1)
+            for d in delta:
+                shadow.delta.observe(float(d))
+            shadow.rank.observe(rho)
+            shadow.results["sent"].inc()
+        time.sleep(3)
+        w = prometheus_window(prometheus.url, "feed", "prod", "v1", "v2", 60)
+        assert w.problem is None
+        # increase() extrapolates to the window's edges: close to, not exactly, the counts
+        assert w.canary["requests"] == pytest.approx(30, rel=0.2)
+        assert w.canary["cached"] / w.canary["requests"] == pytest.approx(0.8, abs=0.01)
+        assert w.canary["errors"] / w.canary["responses"] == pytest.approx(0.1, abs=0.01)
+        assert w.stable["shadow_sent"] == pytest.approx(12, rel=0.2)
+        checks = {"errorRatio": Check("max", 0.01, 20), "scoreDelta": Check("max", 0.01, 10, 0.99)}
+        results = {r.metric: r for r in evaluate(checks, w)}
+        assert results["scoreDelta"].value is not None and results["scoreDelta"].value <= 1e-7
+        assert results["errorRatio"].verdict == "fail"  # 10 % 5xx against a 1 % maximum
+        empty = prometheus_window(prometheus.url, "other", "prod", "v1", "v2", 60)
+        assert empty.canary == {} and empty.problem is None  # no series: no data, no error
+    finally:
+        prometheus.stop()
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+    down = prometheus_window(f"http://127.0.0.1:{free_port()}", "feed", "prod", "v1", "v2", 60)
+    assert down.problem is not None and "unreachable" in down.problem

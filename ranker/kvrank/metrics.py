@@ -28,6 +28,11 @@ INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600
 STAGES = ("hash", "l1", "l2", "encode", "extend", "score", "serde", "total")
 OUTCOMES = ("l1", "l2", "incremental", "miss", "none")
 CACHED_OUTCOMES = ("l1", "l2", "incremental")
+SCORE_ROUTE = "/v1/score"
+SCORE_CODES = ("200", "422", "500", "503")
+"""Responses of the scoring route exported from the start: a series born at its first
+response hides that response from Prometheus' ``increase()`` (a canary's first 5xx
+included)."""
 ENCODE_KINDS = ("full", "incremental")
 
 
@@ -86,6 +91,8 @@ class Metrics:
             [*names, "route", "code"],
             registry=r,
         )
+        for code in SCORE_CODES:  # at 0 from the start: increase() sees their first ones
+            self._responses.labels(*values, SCORE_ROUTE, code)
         self._values = values
         self._served = 0
         self._cached = 0
