@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 
 from kvrank_operator import crd, rollout
-from kvrank_operator.kube import Kube, load_client
+from kvrank_operator.kube import Kube, load_client, merge_patch_between
 from kvrank_operator.manifests import PodMonitoring
 from kvrank_operator.reconcile import purges_due_in, reconcile
 from kvrank_operator.redis_cluster import check_and_heal
@@ -213,10 +213,12 @@ def _reconcile_once(
         )
         tuned = tune_ttl(kube(), {**doc, "status": outcome.status}, now) or {}
         status = {**outcome.status, **tuned}
-        changed = {k: v for k, v in status.items() if current.get(k) != v}
-        if changed:
-            kube().patch_status(API_VERSION, crd.KIND, ns, name, changed)
-            written.update(changed)
+        # kopf keeps its own field in the status: never the reconciler's to remove
+        mine = {k: v for k, v in current.items() if k != "kopf" and v is not None}
+        patch = merge_patch_between(mine, status)
+        if patch:
+            kube().patch_status(API_VERSION, crd.KIND, ns, name, patch)
+            written.update({k: status.get(k) for k in patch})
     except ApiException as exc:
         RECONCILES.labels(trigger, "error").inc()
         log.warning(  # the API's own words say what it refused

@@ -32,6 +32,23 @@ SERVED_RECHECK_S = 60.0
 often: a CRD installed later is noticed within a minute, at one read a minute."""
 
 
+def merge_patch_between(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: changed keys, ``None``
+    for a key ``new`` no longer has (merging a whole dict would keep the old one's extra
+    keys), nested dicts patched key by key, lists replaced. A key absent from ``old`` and
+    ``None`` in ``new`` is no change (merged, ``None`` means "absent")."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old:
+            if v is not None:
+                patch[k] = v
+        elif old[k] != v:
+            patch[k] = merge_patch_between(old[k], v)
+    return patch
+
+
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
     if kubeconfig:
         api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)

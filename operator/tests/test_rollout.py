@@ -31,6 +31,7 @@ from kvrank_operator.analysis import (
     quantile,
     total,
 )
+from kvrank_operator.kube import merge_patch_between
 from kvrank_operator.spec import Check, parse_spec
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -320,11 +321,12 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
         time.sleep(3)
         w = prometheus_window(prometheus.url, "feed", "prod", "v1", "v2", 60)
         assert w.problem is None
-        # increase() extrapolates to the window's edges: close to, not exactly, the counts
-        assert w.canary["requests"] == pytest.approx(30, rel=0.2)
+        # increase() extrapolates towards the window's end (up to ~half a scrape interval
+        # per side, proportionally): counts come out a little above, ratios cancel that
+        assert 30 <= w.canary["requests"] <= 45
         assert w.canary["cached"] / w.canary["requests"] == pytest.approx(0.8, abs=0.01)
         assert w.canary["errors"] / w.canary["responses"] == pytest.approx(0.1, abs=0.01)
-        assert w.stable["shadow_sent"] == pytest.approx(12, rel=0.2)
+        assert 12 <= w.stable["shadow_sent"] <= 18
         checks = {"errorRatio": Check("max", 0.01, 20), "scoreDelta": Check("max", 0.01, 10, 0.99)}
         results = {r.metric: r for r in evaluate(checks, w)}
         assert results["scoreDelta"].value is not None and results["scoreDelta"].value <= 1e-7
@@ -339,3 +341,15 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
             thread.join()
     down = prometheus_window(f"http://127.0.0.1:{free_port()}", "feed", "prod", "v1", "v2", 60)
     assert down.problem is not None and "unreachable" in down.problem
+
+
+def test_status_patches_remove_what_a_new_rollout_no_longer_has() -> None:
+    """A merge patch merges dicts: sending a new rollout whole would keep the last one's
+    ``ended``/``reason``/``checks`` and restart it at every reconcile."""
+    old = {"canary": {"version": "v1", "phase": "Aborted", "ended": True, "checks": [1]}, "x": 1}
+    new = {"canary": {"version": "v1", "phase": "Starting", "step": 0, "warm": None}, "x": 1}
+    patch = merge_patch_between(old, new)
+    assert patch == {"canary": {"phase": "Starting", "ended": None, "checks": None, "step": 0}}
+    assert merge_patch_between(new, new) == {}
+    assert merge_patch_between({"canary": {"a": 1}}, {}) == {"canary": None}
+    assert merge_patch_between({"l": [1, 2]}, {"l": [1]}) == {"l": [1]}  # lists: replaced
