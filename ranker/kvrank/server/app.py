@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fastapi import FastAPI, Request, Response
+from fastapi import BackgroundTasks, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -248,7 +248,9 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         return _error(409, None, str(exc), request)
 
     @app.post("/v1/score", response_model=ScoreResponse)
-    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
+    async def score(
+        body: ScoreRequest, request: Request, background: BackgroundTasks
+    ) -> ScoreResponse:
         svc = _service(state)
         request.state.user = user_hash(body.user_id)
         cfg_m = svc.model.cfg
@@ -259,7 +261,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         request.state.model_version = svc.model.version
         scores = [float(x) for x in result.scores]
         if state.shadow is not None and SHADOW_HEADER not in request.headers:
-            state.shadow.offer(body, scores)  # enqueued at most: sent after this answer
+            # after the answer is sent; the body as received (read once, kept by Starlette)
+            background.add_task(state.shadow.offer, await request.body(), scores)
         return ScoreResponse(
             request_id=request.state.request_id,
             model_version=svc.model.version,

@@ -6,9 +6,10 @@ it before it takes real traffic; this pod measures how far the canary's scores a
 own: ``kvrank_shadow_abs_delta`` (every candidate's \\|Δscore\\|), ``kvrank_shadow_rank_
 correlation`` (Spearman's ρ of the two candidate orderings) and
 ``kvrank_shadow_topk_changed_total`` (requests whose top-k set changed). Nothing here is on
-the request path: :meth:`ShadowMirror.offer` only puts the request on a bounded queue (a
-full queue drops it and counts the drop), and one background task sends what is queued, one
-at a time. A canary that is down or slow costs this pod nothing but counted errors.
+the request path: once the answer has been sent, :meth:`ShadowMirror.offer` puts the
+request's body as received on a bounded queue (a full queue drops it and counts the drop),
+and one background task sends what is queued, one at a time. A canary that is down or slow
+costs this pod nothing but counted errors.
 Settings (target, sample rate, k) are read at every offer, so a reloaded config file
 applies at once.
 """
@@ -20,7 +21,6 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 import numpy as np
@@ -75,9 +75,7 @@ class ShadowMirror:
         self.own_version = own_version
         self.rng = rng
         names, values = list(labels), list(labels.values())
-        self._queue: asyncio.Queue[tuple[dict[str, Any], list[float]]] = asyncio.Queue(
-            settings().queue
-        )
+        self._queue: asyncio.Queue[tuple[bytes, list[float]]] = asyncio.Queue(settings().queue)
         requests = Counter(
             "kvrank_shadow_requests",
             "Mirrored requests by result (sent: compared; error: the canary failed; dropped:"
@@ -109,17 +107,18 @@ class ShadowMirror:
         ).labels(*values)
         self._task: asyncio.Task[None] | None = None
 
-    def offer(self, request: BaseModel, scores: list[float]) -> None:
-        """Mirror this answered request if it is sampled; never waits."""
+    def offer(self, body: bytes, scores: list[float]) -> None:
+        """Mirror this answered request (its body as received: nothing is serialized again)
+        if it is sampled; never waits."""
         s = self.settings()
         if not s.url or s.sample <= 0 or s.version == self.own_version:
             return
         if self.rng() >= s.sample:
             return
-        if self._queue.full():  # before the dump: a dropped request costs nothing
+        if self._queue.full():
             self.results["dropped"].inc()
             return
-        self._queue.put_nowait((request.model_dump(), scores))
+        self._queue.put_nowait((body, scores))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -140,8 +139,8 @@ class ShadowMirror:
                 try:
                     resp = await client.post(
                         f"{s.url.rstrip('/')}/v1/score",
-                        json=body,
-                        headers={SHADOW_HEADER: "1"},
+                        content=body,
+                        headers={"content-type": "application/json", SHADOW_HEADER: "1"},
                         timeout=s.timeout_ms / 1e3,
                     )
                     resp.raise_for_status()

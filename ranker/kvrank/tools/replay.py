@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,14 +49,17 @@ async def replay(
                 resp = await client.post(f"{urls[i % len(urls)]}/v1/score", json=req.body)
                 outcome = resp.json().get("cache", "error") if resp.status_code == 200 else "error"
                 status = resp.status_code
-            except httpx.HTTPError:
-                outcome, status = "error", 0
+            except httpx.HTTPError as exc:  # the client's own: named, not hidden in a count
+                outcome, status = f"error: {type(exc).__name__}", 0
             r = Result(t0 - start, (time.monotonic() - t0) * 1e3, status, outcome, i % len(urls))
             results.append(r)
             if on_result:
                 on_result(r)
 
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as c:
+    # idle connections closed before uvicorn's 5 s keep-alive does: a request sent on a
+    # connection the server is closing fails without ever reaching it
+    limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=4.0)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as c:
         tasks = []
         for i, req in enumerate(requests):
             delay = req.at_s / speed - (time.monotonic() - start)
@@ -64,6 +68,10 @@ async def replay(
             tasks.append(asyncio.create_task(one(c, i, req)))
         await asyncio.gather(*tasks)
     return sorted(results, key=lambda r: r.sent_s)
+
+
+def _kind(r: Result) -> str:
+    return r.outcome if r.status == 0 else f"HTTP {r.status}"
 
 
 def summarize(results: list[Result]) -> dict[str, Any]:
@@ -79,6 +87,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     return {
         "requests": len(results),
         "errors": len(results) - len(ok),
+        "error_kinds": dict(Counter(_kind(r) for r in results if r.status != 200)),
         "hit_ratio": sum(o in ("l1", "l2", "incremental") for o in outcomes) / n,
         "l1_hit_ratio": outcomes.count("l1") / n,
         "l2_hit_ratio": outcomes.count("l2") / n,
