@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,33 @@ from kvrank.tools.replay import replay, summarize
 from kvrank.tools.workload import Workload
 
 PODS = ("off", "off_again", "shadow", "canary_down")
+
+
+def _mirrored(urls: dict[str, str]) -> dict[str, dict[str, float]]:
+    return {
+        pod: {
+            result: scrape(urls[pod], "kvrank_shadow_requests_total", result=result)
+            for result in ("sent", "error", "dropped")
+        }
+        for pod in ("shadow", "canary_down")
+    }
+
+
+def _drained(
+    urls: dict[str, str], canary: str, timeout_s: float = 15.0
+) -> tuple[dict[str, dict[str, float]], float]:
+    """The mirrors' counts once the last answers' mirrored requests have been compared (they
+    go out after the answers, so the load ends before they do)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        now = (_mirrored(urls), scrape(canary, "kvrank_requests_total"))
+        if now == last and now[0]["shadow"]["sent"] == now[1]:
+            return now
+        if time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.5)
 
 
 def run_shadow_load(
@@ -62,14 +90,7 @@ def run_shadow_load(
         requests = list(Workload(cfg, prof.workload).requests(prof.cache_requests))
         fanned = [r for r in requests for _ in PODS]  # request i goes to PODS[i % 4]
         results = asyncio.run(replay(fanned, [urls[p] for p in PODS], 16 * len(PODS)))
-        mirrored = {
-            pod: {
-                result: scrape(urls[pod], "kvrank_shadow_requests_total", result=result)
-                for result in ("sent", "error", "dropped")
-            }
-            for pod in ("shadow", "canary_down")
-        }
-        canary_requests = scrape(canary, "kvrank_requests_total")
+        mirrored, canary_requests = _drained(urls, canary)
     per_pod = {pod: summarize([r for r in results if r.target == i]) for i, pod in enumerate(PODS)}
     off = per_pod["off"]
     return {
