@@ -305,6 +305,14 @@ def ratio(part: float, whole: float) -> float | None:
     return part / whole if whole > 0 else None
 
 
+RATIOS = {
+    "errorRatio": ("canary", "errors", "responses"),
+    "hitRatio": ("canary", "cached", "requests"),
+    "topKChangedRatio": ("stable", "shadow_topk_changed", "shadow_sent"),  # stable pods compare
+}
+"""Checks that are a ratio of two counts: (whose counts, part, whole = the samples)."""
+
+
 def measure(metric: str, check: Check, w: Window) -> Result:
     """One check's value over the window and the samples behind it."""
     c, s = w.canary, w.stable
@@ -314,27 +322,16 @@ def measure(metric: str, check: Check, w: Window) -> Result:
         value = mine / theirs if mine is not None and theirs else None
         samples = min(c.get("latency_le:+Inf", 0.0), s.get("latency_le:+Inf", 0.0))
         return Result(metric, check, value, samples)
-    if metric == "errorRatio":
-        return Result(
-            metric,
-            check,
-            ratio(c.get("errors", 0.0), c.get("responses", 0.0)),
-            c.get("responses", 0.0),
-        )
-    if metric == "hitRatio":
-        return Result(
-            metric,
-            check,
-            ratio(c.get("cached", 0.0), c.get("requests", 0.0)),
-            c.get("requests", 0.0),
-        )
+    if metric in RATIOS:
+        side, part, whole = RATIOS[metric]
+        counts = c if side == "canary" else s
+        samples = counts.get(whole, 0.0)
+        return Result(metric, check, ratio(counts.get(part, 0.0), samples), samples)
     sent = s.get("shadow_sent", 0.0)  # the stable pods compare
     if metric == "scoreDelta":
         return Result(metric, check, quantile(q, s, "delta_le"), sent)
     if metric == "rankCorrelation":
         return Result(metric, check, quantile(q, s, "rank_le"), sent)
-    if metric == "topKChangedRatio":
-        return Result(metric, check, ratio(s.get("shadow_topk_changed", 0.0), sent), sent)
     raise ValueError(f"unknown analysis metric {metric!r} (known: {', '.join(CHECKS)})")
 
 

@@ -118,7 +118,7 @@ def advance(
         promote = phase == PROMOTED
         return Decision(rollout, events, promote=promote, condition=_last_condition(rollout))
     if phase == STARTING and canary_ready:
-        _enter(rollout, WARMING if c.warmup else _after_warmup(c), now, c)
+        _enter(rollout, WARMING if c.warmup else _after_warmup(c), now)
     elif phase == WARMING:
         _warm(c, rollout, read, now, events)
     elif phase == PROGRESSING:
@@ -138,7 +138,7 @@ def _after_warmup(c: CanarySpec) -> str:
     return PROGRESSING if c.steps else MANUAL
 
 
-def _enter(rollout: dict[str, Any], phase: str, now: dt.datetime, c: CanarySpec) -> None:
+def _enter(rollout: dict[str, Any], phase: str, now: dt.datetime) -> None:
     rollout.update(phase=phase, since=iso(now), checks=[])
     if phase == PROGRESSING:
         rollout["step"] = max(1, int(rollout.get("step") or 0))
@@ -175,13 +175,13 @@ def _warm(
     if hits is not None and requests >= c.warmup.min_requests and hits >= c.warmup.hit_ratio:
         why = f"hit ratio {shown} (threshold {c.warmup.hit_ratio:g})"
         events.append(("Normal", "CanaryWarm", f"canary {c.version} warm: {why}; joins"))
-        _enter(rollout, _after_warmup(c), now, c)
+        _enter(rollout, _after_warmup(c), now)
     elif (now - since).total_seconds() >= c.warmup.timeout_seconds:
         why = f"hit ratio {shown} after {c.warmup.timeout_seconds}s" + (
             f" ({w.problem})" if w.problem else ""
         )
         events.append(("Warning", "WarmupTimedOut", f"canary {c.version} joins cold: {why}"))
-        _enter(rollout, _after_warmup(c), now, c)
+        _enter(rollout, _after_warmup(c), now)
 
 
 def _analyse(

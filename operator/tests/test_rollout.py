@@ -353,3 +353,21 @@ def test_status_patches_remove_what_a_new_rollout_no_longer_has() -> None:
     assert merge_patch_between(new, new) == {}
     assert merge_patch_between({"canary": {"a": 1}}, {}) == {"canary": None}
     assert merge_patch_between({"l": [1, 2]}, {"l": [1]}) == {"l": [1]}  # lists: replaced
+
+
+def test_ratio_checks_read_whose_counts_they_are() -> None:
+    """Error and hit ratios are the canary's; the top-k share is the stable pods' comparison."""
+    checks = {
+        "errorRatio": Check("max", 0.01, 10),
+        "hitRatio": Check("min", 0.5, 10),
+        "topKChangedRatio": Check("max", 0.05, 10),
+    }
+    reordered = window(
+        stable=pod_text("v1", requests=50, errors=50, compared=20, drift=0.5),  # top-2 moves
+        canary=pod_text("v2", requests=40, hits=30, errors=2),
+    )
+    got = {r.metric: (r.value, r.samples) for r in evaluate(checks, reordered)}
+    assert got == {"errorRatio": (0.05, 40), "hitRatio": (0.75, 40), "topKChangedRatio": (1.0, 20)}
+    same = window(stable=pod_text("v1", compared=20), canary=pod_text("v2", requests=40))
+    (topk,) = evaluate({"topKChangedRatio": checks["topKChangedRatio"]}, same)
+    assert (topk.value, topk.verdict) == (0.0, "pass")
