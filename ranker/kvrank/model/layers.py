@@ -11,6 +11,7 @@ Nothing here knows about caching; :mod:`kvrank.model.ranker` composes these bloc
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -98,46 +99,105 @@ def causal_allowed(order_q: Tensor, order_k: Tensor, key_valid: Tensor) -> Tenso
     return (earlier[None] & key_valid[:, None, :]) | itself[None]
 
 
-def candidate_bias(user_valid: Tensor, t: int, slopes: Tensor) -> tuple[Tensor, Tensor]:
-    """Additive attention biases for candidate queries (computed once per layer).
+class CandidateBias(NamedTuple):
+    """Additive attention biases of candidate queries, built once per layer by
+    :func:`candidate_bias`.
 
-    Returns ``[B, H, T, R]`` towards the R user rows (recency slope, ``-inf`` on padding)
-    and ``[H, T, T]`` towards the candidate's own tokens (recency, ``-inf`` on later ones).
-    Candidate token t sits at position ``R + t`` after the user rows.
+    The recency bias of candidate token t towards user row r is ``-slope·(R + t − r)``;
+    it splits into ``user`` (``-slope·(R − r)``, ``-inf`` on padding) and ``row``
+    (``-slope·t``), so the user-side bias is one row shared by every candidate token.
     """
+
+    user: Tensor  # [B, H, 1, R]
+    row: Tensor  # [H, T]
+    self_: Tensor  # [H, T, T]: recency between a candidate's own tokens, -inf on later ones
+
+
+def candidate_bias(user_valid: Tensor, t: int, slopes: Tensor) -> CandidateBias:
+    """The biases of :class:`CandidateBias` for user rows ``user_valid [B, R]`` and
+    ``t`` candidate tokens; candidate token t sits at position ``R + t`` after the user rows."""
     r, dev = user_valid.shape[1], user_valid.device
     pos_t = torch.arange(t, device=dev)
-    slope = slopes.to(dev).float()[:, None, None]
-    dist_user = ((r + pos_t)[:, None] - torch.arange(r, device=dev)[None]).float()
-    bias_user = (-slope * dist_user)[None].expand(user_valid.shape[0], -1, -1, -1)
-    bias_user = bias_user.masked_fill(~user_valid[:, None, None, :], NEG_INF)
+    slope = slopes.to(dev).float()[:, None]
+    dist_user = (r - torch.arange(r, device=dev)).float()
+    user = (-slope * dist_user)[None, :, None].expand(user_valid.shape[0], -1, -1, -1)
+    user = user.masked_fill(~user_valid[:, None, None, :], NEG_INF)
     dist_self = (pos_t[:, None] - pos_t[None]).float()
-    bias_self = (-slope * dist_self).masked_fill(dist_self < 0, NEG_INF)
-    return bias_user, bias_self
+    self_ = (-slope[:, :, None] * dist_self).masked_fill(dist_self < 0, NEG_INF)
+    return CandidateBias(user, -slope * pos_t.float(), self_)
 
 
 def attend_candidates(
-    q: Tensor,
-    k_self: Tensor,
-    v_self: Tensor,
-    k_user: Tensor,
-    v_user: Tensor,
-    bias_user: Tensor,
-    bias_self: Tensor,
+    q: Tensor, k_self: Tensor, v_self: Tensor, k_user: Tensor, v_user: Tensor, bias: CandidateBias
 ) -> Tensor:
     """Candidate tokens attend to the shared user K/V and to their own earlier tokens.
 
     ``q``/``k_self``/``v_self`` ``[B, C, T, H, dh]``; ``k_user``/``v_user`` ``[B, R, H, dh]``
-    are broadcast over the C candidates (never copied); biases from :func:`candidate_bias`.
-    Returns ``[B, C, T, H, dh]``. Softmax runs in fp32 over the joined key axis; every
-    elementwise pass over the ``[B, C, H, T, R]`` scores is kept to one add.
+    are shared by the C candidates (never copied). Returns ``[B, C, T, H, dh]``: one
+    softmax over the joined key axis ``[user | self]``.
+
+    Inference on a CPU runs PyTorch's fused attention kernel twice — every candidate
+    token of the request against the user rows as one long query axis, then each
+    candidate against its own tokens — and joins the two halves exactly through their
+    log-sum-exps, never materialising the ``[C, H, T, R]`` scores. Anything that needs
+    gradients, or another device, takes :func:`attend_candidates_reference`; tests hold
+    the two to each other and to the full forward pass.
     """
+    if q.device.type == "cpu" and _CPU_FLASH is not None and not torch.is_grad_enabled():
+        return _attend_candidates_fused(q, k_self, v_self, k_user, v_user, bias)
+    return attend_candidates_reference(q, k_self, v_self, k_user, v_user, bias)
+
+
+def attend_candidates_reference(
+    q: Tensor, k_self: Tensor, v_self: Tensor, k_user: Tensor, v_user: Tensor, bias: CandidateBias
+) -> Tensor:
+    """:func:`attend_candidates` written out with einsums and an fp32 softmax
+    (differentiable, any device)."""
     q = q * (1.0 / math.sqrt(q.shape[-1]))  # scale the small tensor, not the scores
+    bias_user = bias.user + bias.row[None, :, :, None]  # [B, H, T, R]
     s_user = torch.einsum("bcthd,brhd->bchtr", q, k_user).float() + bias_user[:, None]
-    s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() + bias_self
+    s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() + bias.self_
     p = torch.softmax(torch.cat([s_user, s_self], dim=-1), dim=-1).to(q.dtype)
     r = k_user.shape[1]
     p_user, p_self = p[..., :r], p[..., r:]
     return torch.einsum("bchtr,brhd->bcthd", p_user, v_user) + torch.einsum(
         "bchts,bcshd->bcthd", p_self, v_self
     )
+
+
+# The CPU kernel behind scaled_dot_product_attention, called directly because it also
+# returns each query's log-sum-exp, which is what joins two attention halves exactly.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attend_candidates_fused(
+    q: Tensor, k_self: Tensor, v_self: Tensor, k_user: Tensor, v_user: Tensor, bias: CandidateBias
+) -> Tensor:
+    assert _CPU_FLASH is not None
+    _, c, t, h, dh = q.shape
+    mask_self = bias.self_.to(q.dtype)[None]  # [1, H, T, T], broadcast over candidates
+    out = []
+    for b in range(q.shape[0]):  # users of a micro-batch; one in the serving path
+        # user half: the C·T candidate tokens are one query axis against the R user rows
+        q_all = q[b].reshape(c * t, h, dh).transpose(0, 1)[None]  # [1, H, C·T, dh], a view
+        o_user, lse_user = _CPU_FLASH(
+            q_all,
+            k_user[b].transpose(0, 1)[None],
+            v_user[b].transpose(0, 1)[None],
+            attn_mask=bias.user[b, None].to(q.dtype),  # [1, H, 1, R]: one row for all
+        )[:2]
+        # the kernel saw every token with token 0's bias; a per-row constant leaves that
+        # half's softmax unchanged and moves its log-sum-exp by the row's offset
+        lse_user = lse_user.view(h, c, t).transpose(0, 1) + bias.row  # [C, H, T]
+        o_self, lse_self = _CPU_FLASH(
+            q[b].transpose(1, 2),
+            k_self[b].transpose(1, 2),
+            v_self[b].transpose(1, 2),
+            attn_mask=mask_self,
+        )[:2]  # [C, H, T, dh], [C, H, T]
+        lse = torch.logaddexp(lse_user, lse_self)
+        w_user = torch.exp(lse_user - lse).unsqueeze(-1).to(q.dtype)
+        w_self = torch.exp(lse_self - lse).unsqueeze(-1).to(q.dtype)
+        o_user = o_user.view(h, c, t, dh).transpose(0, 1)  # [C, H, T, dh]
+        out.append((o_user * w_user + o_self * w_self).transpose(1, 2))  # [C, T, H, dh]
+    return torch.stack(out)

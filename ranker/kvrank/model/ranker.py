@@ -38,7 +38,7 @@ from kvrank.model.layers import (
 
 KVLayers = dict[int, tuple[Tensor, Tensor, Tensor]]  # layer -> (k, v, key_valid), batched
 
-SCORE_CHUNK = 32
+SCORE_CHUNK = 128
 """Candidates per pass in :meth:`RankerModel.score`."""
 
 FULL_CHUNK = 32
@@ -374,8 +374,8 @@ class RankerModel(nn.Module):
             blk = self._cand(i)
             k_user, v_user, user_valid = layers[first + i]
             q, k_c, v_c = blk.qkv(x_c)
-            bias_user, bias_self = candidate_bias(user_valid, x_c.shape[-2], self.slopes)
-            a = attend_candidates(q, k_c, v_c, k_user, v_user, bias_user, bias_self)
+            bias = candidate_bias(user_valid, x_c.shape[-2], self.slopes)
+            a = attend_candidates(q, k_c, v_c, k_user, v_user, bias)
             x_c = blk.finish(x_c, a)
         return self._head(x_c)
 

@@ -2,7 +2,8 @@
 
 One run starts a local stack (redis-server when installed, two cache-enabled rankers
 sharing L2, one ranker without a K/V cache that batches each request's C full sequences: the
-strongest no-cache server), replays the same Zipf/Poisson workload, and
+strongest no-cache server), warms every server's process up on users outside the workload,
+replays the same Zipf/Poisson workload, and
 reports hit ratios (and the oracle's: what an unbounded, never-expiring cache would serve
 of the same requests), p50/p99 for both, QPS, how many user encodes the cache saved, and the
 error count. The profile sets the workload; any knob of it, and the number of cache-enabled
@@ -26,7 +27,7 @@ from kvrank.model.artifact import load_model, save_model
 from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import ProcessStack, scrape
-from kvrank.tools.replay import Result, replay, summarize
+from kvrank.tools.replay import Result, replay, summarize, warm_up
 from kvrank.tools.workload import Workload, WorkloadSettings
 
 
@@ -59,6 +60,14 @@ def model_dir_for(model: Path | None, workdir: Path) -> tuple[Path, str]:
     path = workdir / "model"
     save_model(RankerModel(QUICK, "v1").eval(), path)
     return path, "random init (seed 0), quick config"
+
+
+def _encodes(urls: list[str]) -> tuple[float, float]:
+    """Full and incremental user encodes so far, summed over ``urls``."""
+    return (
+        sum(scrape(u, "kvrank_user_encodes_total", kind="full") for u in urls),
+        sum(scrape(u, "kvrank_user_encodes_total", kind="incremental") for u in urls),
+    )
 
 
 def run_load(
@@ -97,11 +106,15 @@ def run_load(
         def tag(name: str) -> Callable[[Result], None] | None:
             return (lambda r: on_result(name, r)) if on_result else None
 
+        asyncio.run(warm_up(requests, [*cache_urls, nocache_url]))
+        encodes_before = _encodes(cache_urls)
         cache_results = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
         baseline = [replace(r, at_s=0.0) for r in requests[: prof.nocache_requests]]
         nocache_results = asyncio.run(replay(baseline, [nocache_url], 1, tag("nocache")))
-        full = sum(scrape(u, "kvrank_user_encodes_total", kind="full") for u in cache_urls)
-        incr = sum(scrape(u, "kvrank_user_encodes_total", kind="incremental") for u in cache_urls)
+        full, incr = (
+            after - before
+            for after, before in zip(_encodes(cache_urls), encodes_before, strict=True)
+        )
         l1_bytes = sum(scrape(u, "kvrank_l1_bytes") for u in cache_urls)
     cache, nocache = summarize(cache_results), summarize(nocache_results)
     summary = {

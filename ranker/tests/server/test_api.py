@@ -305,3 +305,47 @@ def test_admin_endpoints_answer_only_on_the_admin_port(spawn_server, request_for
     assert httpx.post(f"{admin}/admin/invalidate/alice", timeout=10).json()["removed"] == 1
     assert httpx.get(f"{admin}/admin/config", timeout=10).json()["admin_port"] == admin_port
     assert httpx.post(f"{admin}/v1/score", json=req, timeout=10).status_code == 404
+
+
+def test_accepted_connections_have_nagle_off() -> None:
+    import asyncio
+    import socket
+
+    from kvrank.server.process import listening_socket
+
+    async def accepted_nodelay() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=listening_socket("127.0.0.1", 0))
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(seen, 5)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_keep_alive_requests_are_not_held_for_delayed_acks(spawn_server, request_for) -> None:
+    # with Nagle on, each answer's body waited for the client's delayed ACK of its headers:
+    # every request after the first on a connection took >= 40 ms; this model scores in ~1 ms
+    import statistics
+
+    import httpx
+
+    pod = spawn_server()
+    _, _, req = request_for(user_id="keepalive")
+    with httpx.Client(timeout=10) as client:
+        took = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            assert client.post(f"{pod.url}/v1/score", json=req).status_code == 200
+            took.append(time.perf_counter() - t0)
+    assert statistics.median(took[1:]) < 0.030, took
