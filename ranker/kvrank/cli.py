@@ -69,6 +69,13 @@ def bench(
     l2: Annotated[
         bool, typer.Option(help="Also time L2 round trips on a private redis-server.")
     ] = True,
+    compact_model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trained artifact of the profile's compact config (pyramid +"
+            " candidate_layers): scores approximate increments against full encodes."
+        ),
+    ] = None,
 ) -> None:
     """Measure no-cache (batched, serial) / miss / hit / int8 / incremental scoring side by
     side."""
@@ -83,7 +90,7 @@ def bench(
         raise typer.BadParameter(f"profile must be one of {PROFILES}", param_hint="--profile")
     with ProcessStack(Path(tempfile.mkdtemp(prefix="kvrank-bench-"))) as stack:
         url = stack.start_redis() if l2 and shutil.which("redis-server") else None
-        run_bench(profile, device, counts, json_out, plot, model, url)
+        run_bench(profile, device, counts, json_out, plot, model, url, compact_model)
 
 
 @app.command()

@@ -63,6 +63,13 @@ def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
     kv = report["kv_bytes_per_user"]
     assert kv["int8"] < kv["bf16"] < kv["fp32"] and kv["int8_compact"] < kv["int8"]
     assert report["drift"] and report["drift"][0]["increments"] == 1
+    inc = report["approximate_increments"]
+    assert inc["model"].startswith("trained")
+    assert [r["increments"] for r in inc["rows"]] == [1, 10, 50]
+    for row in inc["rows"]:
+        assert 0.5 < row["auc_exact"] < 1 and 0.5 < row["auc_approximate"] < 1
+        assert row["auc_delta"] == pytest.approx(row["auc_approximate"] - row["auc_exact"])
+        assert row["max_abs_logit_diff"] > 0  # every increment slid the window: not exact
     rt = report["l2_round_trip"]
     assert set(rt) == {"bf16", "int8_compact"}
     assert rt["int8_compact"]["entry_bytes"] < rt["bf16"]["entry_bytes"]

@@ -85,7 +85,7 @@ def test_ttl_formula_and_measured_intervals() -> None:
     s = TTLSettings(factor=3, min_seconds=1, max_seconds=300)
     assert clamp_ttl(10, s) == 30 and clamp_ttl(0.1, s) == 1 and clamp_ttl(1000, s) == 300
     clock = Clock()
-    ttl = AdaptiveTTL(s, IntervalTracker(min_samples=5, clock=clock))
+    ttl = AdaptiveTTL(s, IntervalTracker(min_samples=5, min_watch_s=0, clock=clock))
     assert ttl.current() == s.default_seconds  # not enough data yet
     for t in range(10):
         clock.now = t * 4.0
@@ -106,7 +106,7 @@ def test_ttl_jitter_spreads_expiries_within_bounds() -> None:
 def test_interval_mean_weights_users_not_requests() -> None:
     """A busy user refreshing every second must not shrink the TTL of everyone else."""
     clock = Clock()
-    tracker = IntervalTracker(min_samples=1, clock=clock)
+    tracker = IntervalTracker(min_samples=1, min_watch_s=0, clock=clock)
     for t in range(0, 61):  # busy: every second for a minute
         clock.now = float(t)
         tracker.observe("busy")
@@ -116,9 +116,24 @@ def test_interval_mean_weights_users_not_requests() -> None:
     assert tracker.mean() == pytest.approx((1.0 + 60.0) / 2)
 
 
+def test_the_ttl_waits_until_long_intervals_could_have_been_seen() -> None:
+    # ten seconds in, only the fastest returners have come back: a mean of their intervals
+    # would give everyone a TTL of a few seconds
+    clock = Clock()
+    ttl = AdaptiveTTL(TTLSettings(factor=3), IntervalTracker(min_samples=3, clock=clock))
+    for t in range(50):
+        clock.now = t * 0.2
+        ttl.observe("busy")
+    assert ttl.tracker.mean() is None and ttl.current() == TTLSettings().default_seconds
+    for clock.now in (9.0, 49.0):
+        ttl.observe("slow")
+    clock.now = 60.0
+    assert ttl.current() == pytest.approx(3 * (0.2 + 40.0) / 2)
+
+
 def test_interval_tracker_memory_is_bounded() -> None:
     clock = Clock()
-    tracker = IntervalTracker(max_users=10, min_samples=1, clock=clock)
+    tracker = IntervalTracker(max_users=10, min_samples=1, min_watch_s=0, clock=clock)
     for i in range(100):
         clock.now = float(i)
         tracker.observe(f"u{i % 50}")
