@@ -48,7 +48,7 @@ class TTLSettings(BaseModel):
         0.1, ge=0, le=0.5, description="±10 % so entries written together do not expire together."
     )
     default_seconds: float = Field(
-        60.0, gt=0, description="Used until enough intervals are observed."
+        60.0, gt=0, description="Used until intervals are measured (after a minute's watch)."
     )
 
     @model_validator(mode="after")
