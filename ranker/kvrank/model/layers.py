@@ -175,7 +175,9 @@ def _attend_candidates_fused(
 ) -> Tensor:
     assert _CPU_FLASH is not None
     _, c, t, h, dh = q.shape
-    mask_self = bias.self_.to(q.dtype)[None]  # [1, H, T, T], broadcast over candidates
+    # biases stay fp32 whatever the compute dtype: the kernel takes them so, and a bf16
+    # bias of a few hundred is off by a whole unit
+    mask_self = bias.self_[None]  # [1, H, T, T], broadcast over candidates
     out = []
     for b in range(q.shape[0]):  # users of a micro-batch; one in the serving path
         # user half: the C·T candidate tokens are one query axis against the R user rows
@@ -184,7 +186,7 @@ def _attend_candidates_fused(
             q_all,
             k_user[b].transpose(0, 1)[None],
             v_user[b].transpose(0, 1)[None],
-            attn_mask=bias.user[b, None].to(q.dtype),  # [1, H, 1, R]: one row for all
+            attn_mask=bias.user[b, None],  # [1, H, 1, R]: one row for all
         )[:2]
         # the kernel saw every token with token 0's bias; a per-row constant leaves that
         # half's softmax unchanged and moves its log-sum-exp by the row's offset
