@@ -844,6 +844,10 @@ def test_13_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_
             "source": stack.ttl_source(),  # the run's Prometheus (kind: the pods)
         },
     )
+    # a TTL longer than the scenario: what the canary's first real answers show is the
+    # warm-up, not how often auto-tuned second-long TTLs expire an entry between two
+    # mirrored requests of a user
+    doc["spec"]["ttl"] = {"mode": "fixed", "fixedSeconds": 300}
     with Traffic(stack) as traffic:
         stack.apply(doc)
         stack.wait_for(
