@@ -1,7 +1,9 @@
 """L2 round trip of one entry: encode, write, read and decode a ``UserKV`` through Redis.
 
 Measures the wall time a pod pays to share K/V through Redis, for the entry sizes that
-matter (the production-size model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB).
+matter (the production-size model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB),
+next to a plain redis-py asyncio GET of the same bytes (no decode) in the same loop: what a
+service that just used the asyncio client would pay for the transfer alone.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
+import redis.asyncio as aioredis
 
 from kvrank.cache import (
     CacheSettings,
@@ -29,7 +32,8 @@ async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
     # L1 holds nothing: every read below goes to Redis and through the entry codec
     cache = TieredCache(CacheSettings("bench", kv.model_version, kv.fingerprint), L1Store(0), store)
     key = cache.key("u", "h")
-    put_ms, get_ms = [], []
+    plain = aioredis.Redis.from_url(url)
+    put_ms, get_ms, plain_ms = [], [], []
     try:
         for i in range(reps + 2):
             t0 = time.perf_counter()
@@ -37,18 +41,23 @@ async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
             t1 = time.perf_counter()
             got = await cache.get(key)
             t2 = time.perf_counter()
-            assert got is not None
+            raw = await plain.get(key.to_string())
+            t3 = time.perf_counter()
+            assert got is not None and raw is not None
             if i >= 2:  # warm-up
                 put_ms.append((t1 - t0) * 1e3)
                 get_ms.append((t2 - t1) * 1e3)
+                plain_ms.append((t3 - t2) * 1e3)
         await cache.invalidate_user("u")
     finally:
         await cache.close()
+        await plain.aclose()
     return {
         "entry_bytes": len(encode_entry(kv)),
         "put_p50_ms": statistics.median(put_ms),
         "get_p50_ms": statistics.median(get_ms),
         "get_p99_ms": float(np.percentile(get_ms, 99)),
+        "plain_asyncio_get_p50_ms": statistics.median(plain_ms),
         "reps": reps,
     }
 

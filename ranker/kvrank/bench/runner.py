@@ -416,6 +416,7 @@ def _print(r: dict[str, Any]) -> None:
         console.print(
             f"L2 round trip {name}: {rt['entry_bytes']:,} B, put p50 {rt['put_p50_ms']:.2f} ms,"
             f" get p50 {rt['get_p50_ms']:.2f} ms, get p99 {rt['get_p99_ms']:.2f} ms"
+            f" (plain asyncio GET of the bytes: p50 {rt['plain_asyncio_get_p50_ms']:.2f} ms)"
         )
     for row in r["drift"]:
         console.print(

@@ -49,6 +49,24 @@ async def test_outage_is_a_fast_miss_and_heals(spawn_redis) -> None:
         server.stop()
 
 
+async def test_a_redis_restart_between_requests_fails_no_operation(spawn_redis) -> None:
+    # pooled connections predate the restart: each client must find that out and reconnect
+    # within the operation, not fail the first write and read after it
+    server = spawn_redis()
+    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.5))
+    try:
+        assert await store.put(k("u"), b"before", ttl_s=30, events=1)
+        assert await store.get(k("u")) == b"before"
+        server.stop()
+        server.start()
+        assert await store.put(k("u"), b"after", ttl_s=30, events=1)
+        assert await store.get(k("u")) == b"after"
+        assert store.stats.errors == 0 and store.breaker.state == "closed"
+    finally:
+        await store.close()
+        server.stop()
+
+
 async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis) -> None:
     # a cluster client that reaches no node at start raises no RedisError of its own
     server = spawn_redis()
