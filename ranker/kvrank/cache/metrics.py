@@ -55,6 +55,11 @@ class CacheCollector(Collector):
             "L2 entries that failed validation (deleted and served as misses)",
             self.cache.stats.corrupt,
         )
+        yield self._counter(
+            "kvrank_cache_l2_writes_dropped",
+            "New entries kept in L1 only: too many L2 writes were still in flight",
+            self.cache.stats.writes_dropped,
+        )
 
     def _flight(self) -> Iterator[Metric]:
         stats = self.cache.flight.stats

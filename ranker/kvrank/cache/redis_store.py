@@ -6,13 +6,15 @@ and goes through a circuit breaker; a timeout, connection error or open breaker 
 (``None``/``False``) and counted — never raised to the request. The cross-pod lock says
 whether it was taken, is held by someone else, or could not be asked about.
 
-Entries are read with redis-py's blocking client on a few threads of their own; everything
-else (writes, heads, locks) goes through its asyncio client. A production-size entry is
-~9 MB: the asyncio client reads it through a stream reader that pauses and resumes the socket
-every 128 KiB and copies it twice more, which made a 9.27 MB GET take 10–22 ms on loopback
-where the blocking client, reading straight into its buffer, takes ~9.4 ms and a raw socket
-7–9 ms. Writes are the other way round (a blocking 9 MB SET took 23 ms, the asyncio one 9),
-and a small command costs ~90 µs more through a thread, so only entry reads take one.
+Large entries are read with redis-py's blocking client on a few threads of their own;
+everything else (small reads, writes, heads, locks) goes through its asyncio client. A
+production-size entry is ~9 MB: the asyncio client reads it through a stream reader that
+pauses and resumes the socket every 128 KiB and copies it twice more, which made a 9.27 MB
+GET take 10–22 ms on loopback where the blocking client, reading straight into its buffer,
+takes ~9.4 ms (a raw socket 7–9 ms). Below ~1 MB the thread hop costs more than it saves
+(a 118 KB GET: 0.19 ms asyncio, 0.33 ms on a thread), and writes are the other way round (a
+blocking 9 MB SET took 23 ms, the asyncio one 9), so the store reads on a thread only while
+its entries are typically large (``threaded_read_bytes``).
 """
 
 from __future__ import annotations
@@ -94,8 +96,11 @@ class RedisSettings:
     connect_timeout_s: float = 0.2
     max_connections: int = 64
     read_threads: int = 4
-    """Threads (each with its own connection) reading entries: concurrent L2 hits beyond
-    this many wait their turn, within ``op_timeout_s``."""
+    """Threads (each with its own connection) reading large entries: concurrent L2 hits
+    beyond this many wait their turn, within ``op_timeout_s``."""
+    threaded_read_bytes: int = 1 << 20
+    """Entries are read on a thread while the typical entry (a moving average of those
+    written and read) is at least this large."""
 
 
 @dataclass
@@ -163,6 +168,7 @@ class RedisStore:
         self._reads = ThreadPoolExecutor(self.settings.read_threads, thread_name_prefix="kvrank-l2")
         self._reader: Any = None  # the blocking client, made on the first read's thread
         self._reader_made = threading.Lock()
+        self._typical_bytes: float | None = None
 
     async def _with_topology(self, op: Callable[[], Awaitable[T]]) -> T:
         """A cluster client that lost a node rebuilds its view (CLUSTER SLOTS, then the whole
@@ -188,16 +194,25 @@ class RedisStore:
             self._reader.close()
 
     async def get(self, key: CacheKey) -> bytes | None:
-        loop = asyncio.get_running_loop()
-        data = await self._call(
-            lambda: loop.run_in_executor(self._reads, self._read, key.to_string()),
-            topology=False,  # the blocking client keeps its own view of the cluster
-        )
+        k = key.to_string()
+        if (self._typical_bytes or 0) >= self.settings.threaded_read_bytes:
+            loop = asyncio.get_running_loop()
+            data = await self._call(
+                lambda: loop.run_in_executor(self._reads, self._read, k),
+                topology=False,  # the blocking client keeps its own view of the cluster
+            )
+        else:
+            data = await self._call(lambda: self.client.get(k))
         if data is UNAVAILABLE or not data:
             self.stats.misses += 1
             return None
         self.stats.hits += 1
+        self._seen(len(data))
         return bytes(data)
+
+    def _seen(self, size: int) -> None:
+        typical = self._typical_bytes
+        self._typical_bytes = size if typical is None else 0.9 * typical + 0.1 * size
 
     def _read(self, key: str) -> bytes | None:
         """One entry GET, on a read thread."""
@@ -208,6 +223,7 @@ class RedisStore:
         return data
 
     async def put(self, key: CacheKey, value: bytes, ttl_s: float, events: int) -> bool:
+        self._seen(len(value))
         ttl_ms = _ms(ttl_s)
         ok = await self._call(lambda: self.client.set(key.to_string(), value, px=ttl_ms))
         if not ok:

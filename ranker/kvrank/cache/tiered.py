@@ -2,8 +2,11 @@
 
 ``get_or_create(key, creator)`` is dogpile's regenerate: L1, then — once per key in this
 process (singleflight) — L2, then a cross-pod lock: the winner double-checks L2, runs the
-creator and writes the entry through to both tiers; a loser waits a bounded time for the
-winner's entry and computes itself when it does not come. An L2 hit is promoted to L1.
+creator and puts the entry in L1; a loser waits a bounded time for the winner's entry and
+computes itself when it does not come. The winner writes the entry to L2 and frees the lock
+behind the request (write-behind), so no request waits for a SET: a production-size entry
+is ~9 MB, ~10 ms to write on loopback. Until it lands, the lock stays held, and a peer pod
+that misses waits for the entry as for any lock holder's. An L2 hit is promoted to L1.
 ``find_prefix`` serves incremental extends: the entry of the longest cached prefix of a
 user's sequence, through the user's head record. The cache owns its TTL policy and the
 entry codec (L2 holds bytes). Every tier failure and every corrupt entry is a miss; this
@@ -12,7 +15,9 @@ module never raises for one.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -66,6 +71,12 @@ class Lookup:
     timings_ms: dict[str, float]
 
 
+log = logging.getLogger("kvrank.cache")
+
+MAX_PENDING_WRITES = 32
+"""L2 writes behind requests at most at once; a new entry beyond them stays in L1 only (and
+its lock is freed at once): a slow Redis must not pile up entries in memory."""
+
 LOCK_WAIT_S = 0.010
 """Bound on waiting for another pod's encode: about one encode of the production-size model on a
 GPU; a slow peer must never stall a request for longer."""
@@ -91,6 +102,8 @@ class CacheStats:
     """(tier, hit|miss) → count, for the request path's first look in each tier."""
     corrupt: int = 0
     """L2 entries that failed validation (deleted, served as misses)."""
+    writes_dropped: int = 0
+    """New entries not written to L2 because ``MAX_PENDING_WRITES`` were still in flight."""
 
     def count(self, tier: str, hit: bool) -> None:
         k = (tier, "hit" if hit else "miss")
@@ -107,6 +120,7 @@ class TieredCache:
 
     def __post_init__(self) -> None:
         self.flight: SingleFlight[Lookup] = SingleFlight()
+        self._writes: set[asyncio.Task[None]] = set()
 
     def key(self, user_id: str, seq_hash: str) -> CacheKey:
         s = self.settings
@@ -156,7 +170,12 @@ class TieredCache:
         ttl = self.ttl.current()
         await self.l1.put(key, kv, ttl, events)
         if self.l2 is not None:
-            await self.l2.put(key, encode_entry(kv), self.ttl.jittered(ttl), events)
+            await self._put_l2(self.l2, key, kv, ttl, events)
+
+    async def _put_l2(
+        self, l2: RedisStore, key: CacheKey, kv: UserKV, ttl: float, events: int
+    ) -> None:
+        await l2.put(key, encode_entry(kv), self.ttl.jittered(ttl), events)
 
     async def invalidate_user(self, user_id: str) -> int:
         """Drop every entry of one user (both tiers) and its head; returns entries removed."""
@@ -170,7 +189,13 @@ class TieredCache:
         """Whether L2 answers (``True`` without L2: nothing to reach)."""
         return self.l2 is None or await self.l2.ping()
 
+    async def flush(self) -> None:
+        """Wait until the entries being written to L2 behind requests have landed (or failed)."""
+        while self._writes:
+            await asyncio.wait(list(self._writes))
+
     async def close(self) -> None:
+        await self.flush()
         if self.l2 is not None:
             await self.l2.close()
 
@@ -191,8 +216,9 @@ class TieredCache:
     async def _regenerate(
         self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
     ) -> Created:
-        """Lock, peer wait, double-check, create, write through (see module docstring)."""
+        """Lock, peer wait, double-check, create, L1, write-behind (see module docstring)."""
         lock = await self.l2.acquire(key, self.settings.lock_ttl_s) if self.l2 else _NO_LOCK
+        handed_over = False
         try:
             if lock.state is not LockState.UNAVAILABLE:
                 peer = await self._peer_entry(key, lock)
@@ -200,11 +226,39 @@ class TieredCache:
                     await self.l1.put(key, peer, self.ttl.current(), events)
                     return Created(peer, Outcome.L2)
             created = await creator()
-            await self.put(key, created.kv, events)
+            ttl = self.ttl.current()
+            await self.l1.put(key, created.kv, ttl, events)
+            handed_over = self._write_behind(key, created.kv, ttl, events, lock)
             return created
         finally:
-            if self.l2 is not None:
+            if self.l2 is not None and not handed_over:
                 await self.l2.release(key, lock)
+
+    def _write_behind(self, key: CacheKey, kv: UserKV, ttl: float, events: int, lock: Lock) -> bool:
+        """Start writing a new entry to L2, then freeing its lock; ``False`` if not started
+        (no L2, or too many writes in flight): the caller keeps the lock to free."""
+        if self.l2 is None:
+            return False
+        if len(self._writes) >= MAX_PENDING_WRITES:
+            self.stats.writes_dropped += 1
+            return False
+        task = asyncio.create_task(self._write_l2(self.l2, key, kv, ttl, events, lock))
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+        return True
+
+    async def _write_l2(
+        self, l2: RedisStore, key: CacheKey, kv: UserKV, ttl: float, events: int, lock: Lock
+    ) -> None:
+        try:  # the store turns every Redis failure into False; nothing here raises for one
+            await self._put_l2(l2, key, kv, ttl, events)
+        finally:
+            await l2.release(key, lock)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("writing an entry to L2 failed", exc_info=task.exception())
 
     async def _peer_entry(self, key: CacheKey, lock: Lock) -> UserKV | None:
         """Another pod's entry: waited for while it holds the lock, or double-checked once we

@@ -33,18 +33,26 @@ def model(factory, tiny_cfg):
     return factory.model(tiny_cfg, version="v1")
 
 
-@pytest.fixture(params=["l1", "redis", "redis-cluster"])
+THREADED = {"threaded_read_bytes": 0}
+"""Every entry read on a thread with the blocking client, as large entries are."""
+
+
+@pytest.fixture(
+    params=["l1", "redis", "redis-threaded-reads", "redis-cluster", "redis-cluster-threaded-reads"]
+)
 async def tier(request, model, redis_server, redis_cluster) -> AsyncIterator[Tier]:
     fp = model.cfg.fingerprint()
     if request.param == "l1":
         yield Tier("l1", L1Store(budget_bytes=10_000_000), lambda kv: kv, lambda kv: kv)
         return
-    if request.param == "redis":
-        redis_server.cli("flushall")
-        store = RedisStore(RedisSettings(redis_server.url, op_timeout_s=1.0))
-    else:
+    reads = THREADED if request.param.endswith("threaded-reads") else {}
+    if request.param.startswith("redis-cluster"):
         redis_cluster.flush()
-        store = RedisStore(RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0))
+        settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0, **reads)
+    else:
+        redis_server.cli("flushall")
+        settings = RedisSettings(redis_server.url, op_timeout_s=1.0, **reads)
+    store = RedisStore(settings)
     yield Tier(request.param, store, encode_entry, lambda data: decode_entry(data, "v1", fp))
     await store.close()
 

@@ -27,9 +27,17 @@ def k(user: str, ns: str = "ns") -> CacheKey:
     return CacheKey(ns, "v1", user, "h0")
 
 
-async def test_outage_is_a_fast_miss_and_heals(spawn_redis) -> None:
+READS = pytest.mark.parametrize(
+    "reads",
+    [{}, {"threaded_read_bytes": 0}],  # small entries: asyncio client; large: blocking, on threads
+    ids=["asyncio-reads", "threaded-reads"],
+)
+
+
+@READS
+async def test_outage_is_a_fast_miss_and_heals(spawn_redis, reads) -> None:
     server = spawn_redis()
-    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.05))
+    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.05, **reads))
     store.breaker.cooldown_s = 0.3
     try:
         assert await store.put(k("u"), b"entry", ttl_s=30, events=1)
@@ -49,11 +57,12 @@ async def test_outage_is_a_fast_miss_and_heals(spawn_redis) -> None:
         server.stop()
 
 
-async def test_a_redis_restart_between_requests_fails_no_operation(spawn_redis) -> None:
+@READS
+async def test_a_redis_restart_between_requests_fails_no_operation(spawn_redis, reads) -> None:
     # pooled connections predate the restart: each client must find that out and reconnect
     # within the operation, not fail the first write and read after it
     server = spawn_redis()
-    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.5))
+    store = RedisStore(RedisSettings(server.url, op_timeout_s=0.5, **reads))
     try:
         assert await store.put(k("u"), b"before", ttl_s=30, events=1)
         assert await store.get(k("u")) == b"before"

@@ -20,6 +20,7 @@ from kvrank.cache import (
     encode_entry,
     sequence_chain,
 )
+from kvrank.cache.redis_store import LockState
 
 pytestmark = pytest.mark.redis
 
@@ -64,6 +65,7 @@ async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory,
     encode = Encoder(model, user)
     first = await pod_a.get_or_create(key, 9, encode)
     again = await pod_a.get_or_create(key, 9, encode)
+    await pod_a.flush()  # the entry reaches L2 behind the request that made it
     shared = await pod_b.get_or_create(key, 9, encode)
     assert [first.outcome, again.outcome, shared.outcome] == [Outcome.MISS, Outcome.L1, Outcome.L2]
     assert encode.calls == 1
@@ -94,6 +96,60 @@ async def test_pods_racing_for_one_user_create_once(make_cache, model, factory, 
     assert encode.calls == 1
     assert sorted(f.outcome for f in found) == [Outcome.L2, Outcome.L2, Outcome.MISS]
     assert sum(p.flight.stats.remote_hits for p in pods) == 2
+
+
+class SlowWrites:
+    """An L2 whose writes take ``delay_s`` to land (a slow link to Redis)."""
+
+    def __init__(self, store: RedisStore, delay_s: float) -> None:
+        self.put, self.delay_s = store.put, delay_s
+        store.put = self.slow_put  # type: ignore[method-assign]
+
+    async def slow_put(self, *args, **kwargs) -> bool:
+        await asyncio.sleep(self.delay_s)
+        return await self.put(*args, **kwargs)
+
+
+async def test_a_new_entry_reaches_l2_behind_the_request_and_peers_wait_for_it(
+    make_cache, model, factory, tiny_cfg
+):
+    writer, peer = make_cache(), make_cache(lock_wait_s=2.0)
+    assert writer.l2 is not None
+    SlowWrites(writer.l2, delay_s=0.3)
+    user = factory.user(tiny_cfg, 7, 1)
+    encode = Encoder(model, user)
+    key = writer.key("u", "h7")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert (await writer.get_or_create(key, 7, encode)).outcome is Outcome.MISS
+    assert loop.time() - started < 0.3  # answered before its entry's slow write landed
+    assert await writer.l2.get(key) is None
+    # a peer pod missing meanwhile finds the lock held and waits for the entry: one encode
+    assert (await peer.get_or_create(key, 7, encode)).outcome is Outcome.L2
+    assert encode.calls == 1 and peer.flight.stats.remote_hits == 1
+    await writer.flush()
+    assert await writer.l2.get(key) is not None
+
+
+async def test_writes_beyond_the_bound_stay_in_l1_and_free_their_lock(
+    make_cache, model, factory, tiny_cfg, monkeypatch
+):
+    monkeypatch.setattr("kvrank.cache.tiered.MAX_PENDING_WRITES", 1)
+    writer, other = make_cache(), make_cache()
+    assert writer.l2 is not None
+    SlowWrites(writer.l2, delay_s=0.3)
+    users = [factory.user(tiny_cfg, 5, i) for i in range(2)]
+    keys = [writer.key(f"u{i}", "h5") for i in range(2)]
+    for key, user in zip(keys, users, strict=True):
+        assert (await writer.get_or_create(key, 5, Encoder(model, user))).outcome is Outcome.MISS
+    assert writer.stats.writes_dropped == 1
+    # the second entry is served from L1 here, and its lock is free for another pod at once
+    assert (await writer.get_or_create(keys[1], 5, Encoder(model, users[1]))).outcome is Outcome.L1
+    assert other.l2 is not None
+    lock = await other.l2.acquire(keys[1], ttl_s=1)
+    assert lock.state is LockState.ACQUIRED
+    await writer.flush()
+    assert await other.get(keys[0]) is not None and await other.get(keys[1]) is None
 
 
 async def test_a_peer_that_never_delivers_costs_a_bounded_wait(
@@ -133,6 +189,7 @@ async def test_corrupt_entries_are_misses_and_deleted(
     found = await cache.get_or_create(key, 8, Encoder(model, user))
     assert found.outcome is Outcome.MISS and cache.stats.corrupt == 1
     assert cache.l2.stats.errors == 0
+    await cache.flush()
     assert await make_cache().get(key) is not None  # replaced by the fresh encode
 
 

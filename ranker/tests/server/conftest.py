@@ -71,6 +71,12 @@ def make_client(artifact) -> Iterator[Callable[..., TestClient]]:
         c.__exit__(None, None, None)
 
 
+def settle(client: TestClient) -> None:
+    """Wait until the entries an in-process server created have reached L2: they are
+    written behind the answers, so a test that reads L2 right after one waits for them."""
+    client.portal.call(client.app.state.kvrank.service.cache.flush)
+
+
 class ServerProcess:
     """A real `kvrank serve` process on loopback."""
 

@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 import torch
+from conftest import settle
 
 from kvrank.model.artifact import load_model
 
@@ -31,6 +32,7 @@ def test_second_pod_hits_l2(make_client, flushed, factory, server_cfg, make_body
     user, cands = factory.user(server_cfg, 12, 5), factory.candidates(server_cfg, 4, 5)
     req = make_body("bob", user, cands)
     a = pod_a.post("/v1/score", json=req).json()
+    settle(pod_a)
     b = pod_b.post("/v1/score", json=req).json()
     assert (a["cache"], b["cache"]) == ("miss", "l2")
     assert 0 < b["timings_ms"]["serde"] <= b["timings_ms"]["l2"]
@@ -47,6 +49,8 @@ def test_namespaces_do_not_share_entries(
     req = make_body("carol", factory.user(server_cfg, 6, 2), factory.candidates(server_cfg, 3, 2))
     assert stable.post("/v1/score", json=req).json()["cache"] == "miss"
     assert canary.post("/v1/score", json=req).json()["cache"] == "miss"
+    settle(stable)
+    settle(canary)
     keys = flushed.cli("keys", "kvrank:*").stdout.split()
     assert {k.split(":")[1] for k in keys} == {"stable", "canary"}
 
@@ -58,6 +62,7 @@ def test_corrupt_l2_entry_is_a_miss_with_correct_scores(
     user, cands = factory.user(server_cfg, 9, 8), factory.candidates(server_cfg, 5, 8)
     req = make_body("dave", user, cands)
     writer.post("/v1/score", json=req)
+    settle(writer)
     (key,) = flushed.cli("keys", "kvrank:default:*").stdout.split()
     flushed.cli("setrange", key, "200", "XXXXXXXX")  # flip payload bytes in place
     reader = make_client(redis={"url": flushed.url})
