@@ -8,6 +8,7 @@ over the given server URLs; each result keeps latency, HTTP status and cache out
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -18,6 +19,8 @@ import httpx
 import numpy as np
 
 from kvrank.tools.workload import Request
+
+JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -40,18 +43,21 @@ async def replay(
     """Open-loop replay; ``speed`` > 1 compresses the schedule."""
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
-    start = time.monotonic()
 
-    async def one(client: httpx.AsyncClient, i: int, req: Request) -> None:
+    async def one(client: httpx.AsyncClient, i: int, req: Request, body: bytes) -> None:
         async with sem:
             t0 = time.monotonic()
             try:
-                resp = await client.post(f"{urls[i % len(urls)]}/v1/score", json=req.body)
+                resp = await client.post(
+                    f"{urls[i % len(urls)]}/v1/score", content=body, headers=JSON
+                )
+                t1 = time.monotonic()
                 outcome = resp.json().get("cache", "error") if resp.status_code == 200 else "error"
                 status = resp.status_code
             except httpx.HTTPError as exc:  # the client's own: named, not hidden in a count
+                t1 = time.monotonic()
                 outcome, status = f"error: {type(exc).__name__}", 0
-            r = Result(t0 - start, (time.monotonic() - t0) * 1e3, status, outcome, i % len(urls))
+            r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(urls))
             results.append(r)
             if on_result:
                 on_result(r)
@@ -59,13 +65,17 @@ async def replay(
     # idle connections closed before uvicorn's 5 s keep-alive does: a request sent on a
     # connection the server is closing fails without ever reaching it
     limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=4.0)
+    # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
+    requests = list(requests)
+    bodies = [json.dumps(req.body).encode() for req in requests]
+    start = time.monotonic()
     async with httpx.AsyncClient(timeout=60, limits=limits) as c:
         tasks = []
-        for i, req in enumerate(requests):
+        for i, (req, body) in enumerate(zip(requests, bodies, strict=True)):
             delay = req.at_s / speed - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(c, i, req)))
+            tasks.append(asyncio.create_task(one(c, i, req, body)))
         await asyncio.gather(*tasks)
     return sorted(results, key=lambda r: r.sent_s)
 
