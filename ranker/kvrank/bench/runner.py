@@ -15,7 +15,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConfig
-from kvrank.model.inputs import Events
+from kvrank.model.inputs import UserFeatures
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
 from kvrank.train import HELD_OUT_OFFSET, TrainSettings, auc, evaluate, held_out, train
@@ -196,6 +196,20 @@ def _int8_quality(model: RankerModel, world: SyntheticWorld, users: int) -> dict
     }
 
 
+def _slid(
+    model: RankerModel, user: UserFeatures, window: int, increments: tuple[int, ...]
+) -> Iterator[tuple[int, UserKV, UserKV]]:
+    """Encode ``user``'s first ``window`` events (a full window), then add the rest one
+    event at a time, each increment sliding the window; after ``n`` of them for each ``n``
+    of ``increments``, yield ``n``, the extended K/V and a full encode of the same history."""
+    kv, done = model.encode_user(user.with_events(user.events.slice(0, window))), 0
+    for n in increments:
+        for e in range(window + done, window + n):
+            kv = model.extend_user(kv, user.events.slice(e, e + 1))
+        done = n
+        yield n, kv, model.encode_user(user.with_events(user.events.slice(0, window + n)))
+
+
 def drift_table(
     model: RankerModel,
     world: SyntheticWorld,
@@ -210,13 +224,8 @@ def drift_table(
         base = world.user(500 + i, n_events=cfg.max_events).features
         extra = world.user(600 + i, n_events=max(increments)).features.events
         cands, _, _ = world.candidates(world.user(500 + i), 50, 500 + i)
-        kv, done = model.encode_user(base), 0
-        for n in increments:
-            for j in range(done, n):
-                kv = model.extend_user(kv, extra.slice(j, j + 1))
-            done = n
-            all_events: Events = base.events.cat(extra.slice(0, n))
-            ref = model.encode_user(base.with_events(all_events))
+        user = base.with_events(base.events.cat(extra))
+        for n, kv, ref in _slid(model, user, cfg.max_events, increments):
             worst[n].append(float((model.score(kv, cands) - model.score(ref, cands)).abs().max()))
     for n in increments:
         rows.append(
@@ -244,25 +253,22 @@ def approximate_increments(
     largest |Δlogit|. ``refresh_every`` (50) bounds n in serving.
     """
     n_max, window = max(increments), model.cfg.max_events
-    samples = []
+    samples, slides = [], []
     for i in range(users):
         u = world.user(HELD_OUT_OFFSET + i, n_events=window + n_max)
         c, y, _ = world.candidates(u, cands, HELD_OUT_OFFSET + i)
-        samples.append((u.features, c, y))
-    kvs = [model.encode_user(f.with_events(f.events.slice(0, window))) for f, _, _ in samples]
-    rows, done = [], 0
+        samples.append((c, y))
+        slides.append(_slid(model, u.features, window, increments))
+    rows = []
     for n in increments:
         approx, exact, labels, worst = [], [], [], 0.0
-        for j, (f, c, y) in enumerate(samples):
-            for e in range(window + done, window + n):
-                kvs[j] = model.extend_user(kvs[j], f.events.slice(e, e + 1))
-            full = model.encode_user(f.with_events(f.events.slice(0, window + n)))
-            a, b = model.score(kvs[j], c), model.score(full, c)
+        for (c, y), slide in zip(samples, slides, strict=True):
+            _, kv, full = next(slide)
+            a, b = model.score(kv, c), model.score(full, c)
             worst = max(worst, float((a - b).abs().max()))
             approx.append(a.cpu().numpy())
             exact.append(b.cpu().numpy())
             labels.append(y)
-        done = n
         y_all = np.concatenate(labels)
         auc_exact, auc_approx = (
             auc(y_all, np.concatenate(exact)),
