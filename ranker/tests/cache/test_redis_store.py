@@ -76,11 +76,12 @@ async def test_a_redis_restart_between_requests_fails_no_operation(spawn_redis, 
         server.stop()
 
 
-async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis) -> None:
+@READS
+async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis, reads) -> None:
     # a cluster client that reaches no node at start raises no RedisError of its own
     server = spawn_redis()
     server.stop()
-    store = RedisStore(RedisSettings(server.url, cluster=True, op_timeout_s=0.5))
+    store = RedisStore(RedisSettings(server.url, cluster=True, op_timeout_s=0.5, **reads))
     try:
         assert await store.get(k("u")) is None
         assert not await store.put(k("u"), b"entry", ttl_s=30, events=1)
