@@ -11,6 +11,7 @@ import pytest
 
 from kvrank.cache import CacheKey, RedisSettings, RedisStore, purge_namespace
 from kvrank.cache.redis_store import LockState
+from kvrank.tools.processes import start_redis_cluster
 
 pytestmark = pytest.mark.redis
 
@@ -89,6 +90,39 @@ async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis, re
         assert store.stats.errors >= 2
     finally:
         await store.close()
+
+
+@READS
+async def test_a_cluster_node_outage_is_a_miss_and_reads_heal_after_it_rejoins(
+    tmp_path, reads
+) -> None:
+    cluster = start_redis_cluster(tmp_path / "cluster")
+    store = RedisStore(RedisSettings(cluster.url, cluster=True, op_timeout_s=0.5, **reads))
+    store.breaker.cooldown_s = 0.2
+    users = [f"user{i}" for i in range(30)]
+    try:
+        for u in users:
+            assert await store.put(k(u), b"entry-" + u.encode(), ttl_s=60, events=1)
+        assert [await store.get(k(u)) for u in users] == [b"entry-" + u.encode() for u in users]
+        cluster.nodes[1].stop()
+        during = [await store.get(k(u)) for u in users]  # never raises
+        assert None in during and set(during) - {None} <= {b"entry-" + u.encode() for u in users}
+        cluster.nodes[1].start()  # rejoins from its nodes.conf, its keys lost
+        cluster.wait_ok()
+
+        async def healed() -> bool:
+            await asyncio.sleep(0.25)  # past the breaker's cooldown
+            for u in users:
+                await store.put(k(u), b"again-" + u.encode(), ttl_s=60, events=1)
+            got = [await store.get(k(u)) for u in users]
+            return got == [b"again-" + u.encode() for u in users]
+
+        deadline = time.monotonic() + 15
+        while not await healed():
+            assert time.monotonic() < deadline, "reads did not recover after the node rejoined"
+    finally:
+        await store.close()
+        cluster.stop()
 
 
 async def test_purge_removes_one_namespace_on_every_cluster_master(redis_cluster) -> None:
