@@ -44,7 +44,7 @@ async def replay(
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
 
-    async def one(client: httpx.AsyncClient, i: int, req: Request, body: bytes) -> None:
+    async def one(client: httpx.AsyncClient, i: int, body: bytes) -> None:
         async with sem:
             t0 = time.monotonic()
             try:
@@ -75,7 +75,7 @@ async def replay(
             delay = req.at_s / speed - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(c, i, req, body)))
+            tasks.append(asyncio.create_task(one(c, i, body)))
         await asyncio.gather(*tasks)
     return sorted(results, key=lambda r: r.sent_s)
 
