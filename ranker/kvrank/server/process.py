@@ -55,6 +55,10 @@ def serve(cfg: ServerConfig) -> None:
         port=cfg.port,
         log_config=None,  # keep ours: every line in one format
         access_log=False,  # the app writes its own (request id, user hash, cache outcome)
+        # uvicorn's fast pair, named so a missing one fails at start rather than falling
+        # back: h11 and asyncio's loop cost ~0.5 ms more a request on a small CPU
+        loop="uvloop",
+        http="httptools",
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
     )
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]

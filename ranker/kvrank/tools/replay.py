@@ -8,6 +8,7 @@ over the given server URLs; each result keeps latency, HTTP status and cache out
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -44,17 +46,18 @@ async def replay(
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
 
-    async def one(client: httpx.AsyncClient, i: int, body: bytes) -> None:
+    async def one(session: aiohttp.ClientSession, i: int, body: bytes) -> None:
         async with sem:
             t0 = time.monotonic()
             try:
-                resp = await client.post(
-                    f"{urls[i % len(urls)]}/v1/score", content=body, headers=JSON
-                )
+                async with session.post(
+                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=JSON
+                ) as resp:
+                    payload = await resp.read()
                 t1 = time.monotonic()
-                outcome = resp.json().get("cache", "error") if resp.status_code == 200 else "error"
-                status = resp.status_code
-            except httpx.HTTPError as exc:  # the client's own: named, not hidden in a count
+                status = resp.status
+                outcome = json.loads(payload).get("cache", "error") if status == 200 else "error"
+            except (aiohttp.ClientError, TimeoutError) as exc:  # named, not hidden in a count
                 t1 = time.monotonic()
                 outcome, status = f"error: {type(exc).__name__}", 0
             r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(urls))
@@ -62,21 +65,32 @@ async def replay(
             if on_result:
                 on_result(r)
 
-    # idle connections closed before uvicorn's 5 s keep-alive does: a request sent on a
-    # connection the server is closing fails without ever reaching it
-    limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=4.0)
+    # aiohttp, not httpx, sends the timed requests: its own cost is ~0.2 ms a request where
+    # httpx's is ~2 ms on a small CPU — time the load generator would add to every latency
+    # (the fast server's most). Idle connections are closed before uvicorn's 5 s keep-alive
+    # does: a request sent on a connection the server is closing fails without reaching it.
+    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=4.0)
+    timeout = aiohttp.ClientTimeout(total=60)
     # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
     requests = list(requests)
     bodies = [json.dumps(req.body).encode() for req in requests]
-    start = time.monotonic()
-    async with httpx.AsyncClient(timeout=60, limits=limits) as c:
-        tasks = []
-        for i, (req, body) in enumerate(zip(requests, bodies, strict=True)):
-            delay = req.at_s / speed - (time.monotonic() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(c, i, body)))
-        await asyncio.gather(*tasks)
+    # the collector is off while the clock runs, as in timeit: a full collection of this
+    # process's heap (torch, the workload's bodies) stops it for 40-130 ms on a small CPU,
+    # and every request in flight would be charged for the generator's pause
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.monotonic()
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            tasks = []
+            for i, (req, body) in enumerate(zip(requests, bodies, strict=True)):
+                delay = req.at_s / speed - (time.monotonic() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(session, i, body)))
+            await asyncio.gather(*tasks)
+    finally:
+        gc.enable()
     return sorted(results, key=lambda r: r.sent_s)
 
 
