@@ -126,3 +126,23 @@ def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(tmp_pat
     assert down["sent"] == 0 and 20 <= down["error"] + down["dropped"] <= 60
     for ratio in ("p99_ratio_shadow_vs_off", "p99_ratio_noise_off_again_vs_off"):
         assert report[ratio] > 0
+
+
+def test_replay_names_failed_connections_and_leaves_the_collector_on() -> None:
+    import asyncio
+    import gc
+
+    from kvrank.tools.processes import free_port
+    from kvrank.tools.replay import replay, summarize
+    from kvrank.tools.workload import Request
+
+    # nothing listens on the port: every request fails in the client, by name, and the
+    # collector the replay turns off while timing is on again afterwards
+    url = f"http://127.0.0.1:{free_port()}"
+    reqs = [Request(0.01 * i, f"u{i}", {"user_id": f"u{i}"}) for i in range(3)]
+    results = asyncio.run(replay(reqs, [url], concurrency=2))
+    assert gc.isenabled()
+    assert [r.status for r in results] == [0, 0, 0]
+    summary = summarize(results)
+    assert summary["errors"] == 3
+    assert summary["error_kinds"] == {"error: ClientConnectorError": 3}
