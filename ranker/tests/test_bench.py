@@ -60,6 +60,11 @@ def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
             "kv_bytes_per_user",
         } <= set(per_c)
     assert report["max_abs_diff_fp32"] <= 1e-4
+    hit = report["modes"]["hit"]
+    tp = report["hit_throughput"]
+    assert tp["achieved_tflops"] == pytest.approx(hit["flops"] / hit["p50_ms"] / 1e9)
+    assert tp["device_name"] == "cpu" and tp["peak_tflops"] is None
+    assert "TFLOP/s achieved on cpu" in proc.stdout
     kv = report["kv_bytes_per_user"]
     assert kv["int8"] < kv["bf16"] < kv["fp32"] and kv["int8_compact"] < kv["int8"]
     assert report["drift"] and report["drift"][0]["increments"] == 1

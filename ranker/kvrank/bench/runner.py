@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvrank.bench import flops
+from kvrank.bench import flops, peak
 from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
@@ -92,6 +92,7 @@ def _summary(ms: list[float], flop: int, kv_bytes: int) -> dict[str, float]:
         "p99_ms": float(np.percentile(ms, 99)),
         "rps": 1e3 / statistics.mean(ms),
         "flops": float(flop),
+        "achieved_tflops": flop / statistics.median(ms) / 1e9,
         "kv_bytes": float(kv_bytes),
         "reps": float(len(ms)),
     }
@@ -334,6 +335,7 @@ def run_bench(
     kv_bytes = _kv_bytes(model, world)
     kv_bytes.update({f"{k}_compact": v for k, v in _kv_bytes(compact, world, "scoring").items()})
     primary = per_c[max(per_c, key=int)]
+    hit = primary["modes"]["hit"]
     report: dict[str, Any] = {
         "profile": profile,
         "machine": _machine(device),
@@ -346,6 +348,9 @@ def run_bench(
         "modes": primary["modes"],
         **{k: v for k, v in primary.items() if k.startswith("speedup_")},
         "max_abs_diff_fp32": max(r["max_abs_diff_fp32"] for r in per_c.values()),
+        "hit_throughput": peak.throughput(
+            hit["flops"], hit["p50_ms"] / 1e3, device, model.cfg.compute_dtype
+        ),
         "int8_max_abs_logit_diff": quality["max_abs_logit_diff"],
         "int8_auc_delta": quality["auc_delta"],
         "int8_quality": quality,
@@ -410,6 +415,16 @@ def _print(r: dict[str, Any]) -> None:
             f" {res['speedup_hit_vs_nocache_serial']:.1f}×), max |Δlogit| fp32"
             f" {res['max_abs_diff_fp32']:.2e}"
         )
+    tp = r["hit_throughput"]
+    of_peak = (
+        f" of a {tp['peak_tflops']:g} TFLOP/s peak ({tp['math']}): {tp['fraction_of_peak']:.1%}"
+        if tp["peak_tflops"]
+        else " (no published peak for this device)"
+    )
+    console.print(
+        f"hit path at C={r['candidates']}: {tp['achieved_tflops']:.4f} TFLOP/s achieved on"
+        f" {escape(tp['device_name'])}{of_peak}"
+    )
     q = r["int8_quality"]
     console.print(
         f"INT8: max |Δlogit| {q['max_abs_logit_diff']:.2e}, AUC {q['auc_fp32']:.4f} →"
