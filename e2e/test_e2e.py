@@ -637,6 +637,11 @@ def test_10_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
         "RankersStarted True once the canary is gone",
         120,
     )
+    stack.wait_for(
+        lambda: stack.get("deployment", "feed-ranker-v3") is None,
+        "the mismatching canary's Deployment removed",
+        120,
+    )
 
 
 # ---------------------------------------------------------------------------- resilience
@@ -655,7 +660,16 @@ def test_11_the_standby_operator_takes_over_when_the_leader_is_killed_mid_rollou
     doc = canary_spec(stack, "v3", weight=40)
     doc["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
     stack.apply(doc)
-    stack.wait_for(lambda: stack.get("deployment", "feed-ranker-v3"), "the rollout started", 60)
+    # the leader itself began the rollout (its own apply of v3's Deployment, not one left
+    # by an earlier scenario): only then is it killed mid-rollout
+    stack.wait_for(
+        lambda: any(
+            pod == leader and what.endswith(f" deployments {NS}/feed-ranker-v3")
+            for _, pod, what in stack.operator_writes(started)
+        ),
+        "the leader created v3's Deployment",
+        60,
+    )
     killed = dt.datetime.now(dt.UTC)
     stack.kill_operator_pod(leader)  # v3's pods are still starting: the rollout is half done
     # the standby, or the leader's replacement when it observed the Lease expire first (a
