@@ -43,17 +43,16 @@ def gpu_peak_tflops(device_name: str, math: str) -> float | None:
 
 
 def throughput(
-    flop: float, seconds: float, device: str, compute_dtype: ComputeDType
+    achieved_tflops: float, device: str, compute_dtype: ComputeDType
 ) -> dict[str, object]:
-    """Achieved TFLOP/s of ``flop`` done in ``seconds``, against the device's peak if known."""
-    achieved = flop / seconds / 1e12
+    """``achieved_tflops`` on ``device``, against the device's peak if known."""
     math = matmul_math(compute_dtype) if device == "cuda" else compute_dtype
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     peak = gpu_peak_tflops(name, math) if device == "cuda" else None
     return {
-        "achieved_tflops": achieved,
+        "achieved_tflops": achieved_tflops,
         "device_name": name,
         "math": math,
         "peak_tflops": peak,
-        "fraction_of_peak": achieved / peak if peak else None,
+        "fraction_of_peak": achieved_tflops / peak if peak else None,
     }
