@@ -189,6 +189,12 @@ def loadtest(
         float | None,
         typer.Option(min=0.0, max=1.0, help="Chance a returning user brings new events."),
     ] = None,
+    history_fill: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01, max=1.0, help="Share of the event window a new user's history fills."
+        ),
+    ] = None,
     pods: Annotated[int, typer.Option(min=1, help="Cache-enabled rankers sharing Redis.")] = 2,
 ) -> None:
     """Replay a workload against cache-enabled and cache-disabled servers, side by side.
@@ -206,6 +212,7 @@ def loadtest(
         "rate_qps": rate,
         "candidates": candidates,
         "new_events_prob": new_events_prob,
+        "history_fill": history_fill,
     }
     run_loadtest(profile, model, json_out, knobs, pods)
 

@@ -94,6 +94,29 @@ def test_the_oracle_counts_returning_users_and_both_arrival_laws_keep_the_rate()
     assert gaps["bursty"].max() > 3 * gaps["poisson"].max()
 
 
+@pytest.mark.parametrize("fill", [0.25, 1.0])
+def test_a_new_users_history_fills_the_asked_share_of_the_window(fill: float) -> None:
+    from kvrank.model.config import QUICK
+    from kvrank.tools.workload import Workload, WorkloadSettings
+
+    settings = WorkloadSettings(users=20, candidates=2, history_fill=fill, new_events_prob=1.0)
+    first: dict[str, int] = {}
+    for r in Workload(QUICK, settings).requests(200):
+        n = len(r.body["events"]["item_ids"])
+        if not r.returning:
+            first[r.user_id] = n
+        else:  # returning users have grown past it
+            assert n > first[r.user_id]
+    assert set(first.values()) == {round(QUICK.max_events * fill)}
+
+
+def test_a_history_fill_outside_the_window_names_the_knob() -> None:
+    from kvrank.tools.workload import WorkloadSettings
+
+    with pytest.raises(ValueError, match=r"history_fill=1\.5"):
+        WorkloadSettings(history_fill=1.5)
+
+
 @pytest.mark.slow
 @pytest.mark.redis
 def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Mixed parameterisation (OneTrans): all user-sequence tokens share one set of weights, while
 each NS-token and candidate-token position owns its weights. :class:`GroupBlock` covers
 both cases — ``positions=None`` is shared, ``positions=P`` holds a bank of P weight sets
-applied with one einsum over the position axis (no Python loop over tokens).
+applied as one batched matmul over the position axis (no Python loop over tokens); the
+candidate path keeps its tokens position-major, ``[T, N, d]``, so that needs no copies.
 
 Nothing here knows about caching; :mod:`kvrank.model.ranker` composes these blocks.
 """
@@ -20,9 +21,10 @@ from torch import Tensor, nn
 NEG_INF = float("-inf")
 
 
-def project(x: Tensor, w: Tensor) -> Tensor:
-    """``x @ w`` for shared weights ``[d, o]``; per-position ``[P, d, o]`` on ``x[..., P, d]``."""
-    if w.dim() == 2:
+def project(x: Tensor, w: Tensor, position_major: bool = False) -> Tensor:
+    """``x @ w`` for shared weights ``[d, o]``; per-position ``[P, d, o]`` on ``x[..., P, d]``,
+    or on ``x[P, N, d]`` when ``position_major`` (one batched matmul, no copies)."""
+    if w.dim() == 2 or position_major:
         return x @ w
     return torch.einsum("...pd,pdo->...po", x, w)
 
@@ -48,17 +50,28 @@ class GroupBlock(nn.Module):
         self.w1 = nn.Parameter(torch.randn(*lead, d, ffn) * std_in)
         self.w2 = nn.Parameter(torch.randn(*lead, ffn, d) * std_out)
 
-    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys, values ``[..., T, H, dh]`` of tokens ``x[..., T, d]``."""
-        qkv = project(rms_norm(x, self.norm1), self.wqkv)
+    def qkv(self, x: Tensor, position_major: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys, values ``[..., T, H, dh]`` of tokens ``x[..., T, d]``; with
+        ``position_major`` (per-position weights only) ``x`` is ``[T, N, d]`` and so are
+        the results' leading axes."""
+        norm = self._norm_weight(self.norm1, position_major)
+        qkv = project(rms_norm(x, norm), self.wqkv, position_major)
         q, k, v = qkv.chunk(3, dim=-1)
         shape = (*x.shape[:-1], self.n_heads, x.shape[-1] // self.n_heads)
         return q.reshape(shape), k.reshape(shape), v.reshape(shape)
 
-    def finish(self, x: Tensor, attn: Tensor) -> Tensor:
-        """Residual attention output, then residual FFN; ``attn`` is ``[..., T, H, dh]``."""
-        h = x + project(attn.flatten(-2), self.wo)
-        return h + project(F.gelu(project(rms_norm(h, self.norm2), self.w1)), self.w2)
+    def finish(self, x: Tensor, attn: Tensor, position_major: bool = False) -> Tensor:
+        """Residual attention output, then residual FFN; ``attn`` is ``[..., T, H, dh]``
+        (``[T, N, H, dh]`` with ``position_major``)."""
+        h = x + project(attn.flatten(-2), self.wo, position_major)
+        norm = self._norm_weight(self.norm2, position_major)
+        ffn = F.gelu(project(rms_norm(h, norm), self.w1, position_major))
+        return h + project(ffn, self.w2, position_major)
+
+    @staticmethod
+    def _norm_weight(weight: Tensor, position_major: bool) -> Tensor:
+        # a per-position norm weight [P, d] broadcasts over x[P, N, d] as [P, 1, d]
+        return weight[:, None] if position_major else weight
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -132,9 +145,10 @@ def attend_candidates(
 ) -> Tensor:
     """Candidate tokens attend to the shared user K/V and to their own earlier tokens.
 
-    ``q``/``k_self``/``v_self`` ``[B, C, T, H, dh]``; ``k_user``/``v_user`` ``[B, R, H, dh]``
-    are shared by the C candidates (never copied). Returns ``[B, C, T, H, dh]``: one
-    softmax over the joined key axis ``[user | self]``.
+    Candidate tensors are position-major, ``q``/``k_self``/``v_self`` ``[T, B, C, H, dh]``
+    (the layout the per-position projections produce without copies); ``k_user``/``v_user``
+    ``[B, R, H, dh]`` are shared by the C candidates (never copied). Returns
+    ``[T, B, C, H, dh]``: one softmax over the joined key axis ``[user | self]``.
 
     Inference on a CPU runs PyTorch's fused attention kernel twice — every candidate
     token of the request against the user rows as one long query axis, then each
@@ -155,13 +169,13 @@ def attend_candidates_reference(
     (differentiable, any device)."""
     q = q * (1.0 / math.sqrt(q.shape[-1]))  # scale the small tensor, not the scores
     bias_user = bias.user + bias.row[None, :, :, None]  # [B, H, T, R]
-    s_user = torch.einsum("bcthd,brhd->bchtr", q, k_user).float() + bias_user[:, None]
-    s_self = torch.einsum("bcthd,bcshd->bchts", q, k_self).float() + bias.self_
+    s_user = torch.einsum("tbchd,brhd->bchtr", q, k_user).float() + bias_user[:, None]
+    s_self = torch.einsum("tbchd,sbchd->bchts", q, k_self).float() + bias.self_
     p = torch.softmax(torch.cat([s_user, s_self], dim=-1), dim=-1).to(q.dtype)
     r = k_user.shape[1]
     p_user, p_self = p[..., :r], p[..., r:]
-    return torch.einsum("bchtr,brhd->bcthd", p_user, v_user) + torch.einsum(
-        "bchts,bcshd->bcthd", p_self, v_self
+    return torch.einsum("bchtr,brhd->tbchd", p_user, v_user) + torch.einsum(
+        "bchts,sbchd->tbchd", p_self, v_self
     )
 
 
@@ -174,14 +188,15 @@ def _attend_candidates_fused(
     q: Tensor, k_self: Tensor, v_self: Tensor, k_user: Tensor, v_user: Tensor, bias: CandidateBias
 ) -> Tensor:
     assert _CPU_FLASH is not None
-    _, c, t, h, dh = q.shape
+    t, _, c, h, dh = q.shape
     # biases stay fp32 whatever the compute dtype: the kernel takes them so, and a bf16
     # bias of a few hundred is off by a whole unit
     mask_self = bias.self_[None]  # [1, H, T, T], broadcast over candidates
+    row = bias.row.t()[:, None]  # [T, 1, H]
     out = []
-    for b in range(q.shape[0]):  # users of a micro-batch; one in the serving path
-        # user half: the C·T candidate tokens are one query axis against the R user rows
-        q_all = q[b].reshape(c * t, h, dh).transpose(0, 1)[None]  # [1, H, C·T, dh], a view
+    for b in range(q.shape[1]):  # users of a micro-batch; one in the serving path
+        # user half: the T·C candidate tokens are one query axis against the R user rows
+        q_all = q[:, b].reshape(t * c, h, dh).transpose(0, 1)[None]  # [1, H, T·C, dh]
         o_user, lse_user = _CPU_FLASH(
             q_all,
             k_user[b].transpose(0, 1)[None],
@@ -190,16 +205,18 @@ def _attend_candidates_fused(
         )[:2]
         # the kernel saw every token with token 0's bias; a per-row constant leaves that
         # half's softmax unchanged and moves its log-sum-exp by the row's offset
-        lse_user = lse_user.view(h, c, t).transpose(0, 1) + bias.row  # [C, H, T]
+        lse_user = lse_user[0].view(h, t, c).permute(1, 2, 0) + row  # [T, C, H]
+        # self half: each candidate's T tokens against themselves, [C, H, T, dh] views
         o_self, lse_self = _CPU_FLASH(
-            q[b].transpose(1, 2),
-            k_self[b].transpose(1, 2),
-            v_self[b].transpose(1, 2),
+            q[:, b].permute(1, 2, 0, 3),
+            k_self[:, b].permute(1, 2, 0, 3),
+            v_self[:, b].permute(1, 2, 0, 3),
             attn_mask=mask_self,
-        )[:2]  # [C, H, T, dh], [C, H, T]
+        )[:2]
+        lse_self = lse_self.permute(2, 0, 1)  # [T, C, H]
         lse = torch.logaddexp(lse_user, lse_self)
         w_user = torch.exp(lse_user - lse).unsqueeze(-1).to(q.dtype)
         w_self = torch.exp(lse_self - lse).unsqueeze(-1).to(q.dtype)
-        o_user = o_user.view(h, c, t, dh).transpose(0, 1)  # [C, H, T, dh]
-        out.append((o_user * w_user + o_self * w_self).transpose(1, 2))  # [C, T, H, dh]
-    return torch.stack(out)
+        o_user = o_user[0].view(h, t, c, dh).permute(1, 2, 0, 3)  # [T, C, H, dh]
+        out.append(o_user * w_user + o_self.permute(2, 0, 1, 3) * w_self)
+    return out[0][:, None] if len(out) == 1 else torch.stack(out, dim=1)

@@ -138,11 +138,7 @@ class RankerModel(nn.Module):
         """CTR logits ``[C]`` for all candidates in one batched pass over the cached K/V."""
         self.check_kv(user_kv)
         candidates.validate(self.cfg)
-        layers: KVLayers = {}
-        for layer in self._candidate_layer_ids():
-            k, v = user_kv.layers[layer].dequantize(self.dtype)
-            valid = self._key_valid(layer, user_kv.length)
-            layers[layer] = (k.to(self.device)[None], v.to(self.device)[None], valid)
+        layers = self._scoring_layers([user_kv])
         x_c = self.embed.candidates(*self._cand_tensors(candidates))[None]
         # chunks keep the [chunk, H, T, R] attention scores cache-sized: same numbers, faster
         # on CPUs once C × R grows (candidates never see each other, so this is exact)
@@ -164,19 +160,28 @@ class RankerModel(nn.Module):
         for kv, cands in requests:
             self.check_kv(kv)
             cands.validate(self.cfg)
-        layers: KVLayers = {}
-        for layer in self._candidate_layer_ids():
-            ks, vs, valids = [], [], []
-            for kv, _ in requests:
-                k, v = kv.layers[layer].dequantize(self.dtype)
-                ks.append(k.to(self.device))
-                vs.append(v.to(self.device))
-                valids.append(self._key_valid(layer, kv.length))
-            layers[layer] = (torch.stack(ks), torch.stack(vs), torch.cat(valids))
+        layers = self._scoring_layers([kv for kv, _ in requests])
         c_max = max(len(c) for _, c in requests)
         x_c = torch.stack([self._padded_candidates(c, c_max) for _, c in requests])
         logits = self._score(layers, x_c).float()
         return [logits[i, : len(c)] for i, (_, c) in enumerate(requests)]
+
+    def _scoring_layers(self, kvs: list[UserKV]) -> KVLayers:
+        """The scoring layers' user K/V of ``kvs``, stacked, from the first row any of them
+        fills: rows before it are padding for every user, masked keys that would add
+        nothing, so candidates skip them (exact, and a short history scores faster)."""
+        layers: KVLayers = {}
+        for layer in self._candidate_layer_ids():
+            r = self.cfg.entering(layer)
+            start = r - max(min(kv.length, r) for kv in kvs)
+            ks, vs, valids = [], [], []
+            for kv in kvs:
+                k, v = kv.layers[layer].dequantize(self.dtype)
+                ks.append(k[start:].to(self.device))
+                vs.append(v[start:].to(self.device))
+                valids.append(self._key_valid(layer, kv.length)[:, start:])
+            layers[layer] = (torch.stack(ks), torch.stack(vs), torch.cat(valids))
+        return layers
 
     def _padded_candidates(self, cands: Candidates, length: int) -> Tensor:
         x = self.embed.candidates(*self._cand_tensors(cands))
@@ -194,7 +199,9 @@ class RankerModel(nn.Module):
         one after another (a benchmark mode only)."""
         user.validate(self.cfg)
         candidates.validate(self.cfg)
-        x_seq, valid, x_ns = self._user_tokens(user)
+        # no padding: every sequence of the request has this user's length, so nothing
+        # pads it to the window (what a tuned no-cache server does; the scores are the same)
+        x_seq, valid, x_ns = self._user_tokens(user, pad=False)
         x_c = self.embed.candidates(*self._cand_tensors(candidates))
         if not batched:
             return torch.cat(
@@ -328,15 +335,16 @@ class RankerModel(nn.Module):
     def _cand_tensors(self, c: Candidates) -> tuple[Tensor, Tensor, Tensor]:
         return c.item_ids.to(self.device), c.categories.to(self.device), c.dense.to(self.device)
 
-    def _user_tokens(self, user: UserFeatures) -> tuple[Tensor, Tensor, Tensor]:
-        n_max = self.cfg.max_events
+    def _user_tokens(self, user: UserFeatures, pad: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """Sequence tokens ``[1, N, d]`` of the last ``max_events`` events, left-padded to
+        the window unless ``pad`` is off; their validity ``[1, N]``; NS tokens ``[1, ns, d]``."""
+        n_max, dev = self.cfg.max_events, self.device
         events = user.events.slice(-n_max)
         tokens = self.embed.events(*self._event_tensors(events))
         n = tokens.shape[0]
-        pad = torch.zeros(n_max - n, tokens.shape[1], dtype=tokens.dtype, device=self.device)
-        x_seq = torch.cat([pad, tokens])[None]
-        valid = (torch.arange(n_max, device=self.device) >= n_max - n)[None]
-        dev = self.device
+        width = n_max if pad else n
+        x_seq = torch.cat([tokens.new_zeros(width - n, tokens.shape[1]), tokens])[None]
+        valid = (torch.arange(width, device=dev) >= width - n)[None]
         x_ns = self.embed.ns(
             user.profile_ids.to(dev), user.context_ids.to(dev), user.dense.to(dev)
         )[None]
@@ -369,15 +377,23 @@ class RankerModel(nn.Module):
         return out
 
     def _score(self, layers: KVLayers, x_c: Tensor) -> Tensor:
+        """Logits ``[B, C]`` of candidate tokens ``x_c [B, C, T, d]``.
+
+        The candidate tokens go through the layers position-major, ``[T, B·C, d]``: every
+        candidate token position has its own weights, and in that layout each projection is
+        one batched matmul over the positions with no copies in between.
+        """
         first = self.cfg.first_candidate_layer
+        b, c, t, d = x_c.shape
+        x = x_c.permute(2, 0, 1, 3).reshape(t, b * c, d)
         for i in range(len(self.cand_blocks)):
             blk = self._cand(i)
             k_user, v_user, user_valid = layers[first + i]
-            q, k_c, v_c = blk.qkv(x_c)
-            bias = candidate_bias(user_valid, x_c.shape[-2], self.slopes)
+            q, k_c, v_c = (y.view(t, b, c, *y.shape[2:]) for y in blk.qkv(x, True))
+            bias = candidate_bias(user_valid, t, self.slopes)
             a = attend_candidates(q, k_c, v_c, k_user, v_user, bias)
-            x_c = blk.finish(x_c, a)
-        return self._head(x_c)
+            x = blk.finish(x, a.reshape(t, b * c, *a.shape[3:]), True)
+        return self._head(x, token_dim=0).view(b, c)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, first_q: int, key_valid: Tensor) -> Tensor:
         """Causal attention where the queries are the key positions from ``first_q`` on.
@@ -392,8 +408,9 @@ class RankerModel(nn.Module):
         allowed = causal_allowed(order_q, order_k, key_valid)
         return attend(q, k, v, allowed, self.slopes, order_q[:, None] - order_k[None])
 
-    def _head(self, x_c: Tensor) -> Tensor:
-        pooled = rms_norm(x_c, self.final_norm).mean(dim=-2)
+    def _head(self, x_c: Tensor, token_dim: int = -2) -> Tensor:
+        """Logits from candidate tokens pooled over ``token_dim``."""
+        pooled = rms_norm(x_c, self.final_norm).mean(dim=token_dim)
         logits: Tensor = self.heads["ctr"](pooled)
         return logits.squeeze(-1)
 
@@ -402,7 +419,9 @@ class RankerModel(nn.Module):
         cfg, b, dev = self.cfg, x_seq.shape[0], x_seq.device
         t, ns, first = cfg.cand_tokens, cfg.ns_tokens, cfg.first_candidate_layer
         for layer in range(cfg.n_layers):
-            r, q_l = x_seq.shape[1], cfg.kept(layer)
+            # an unpadded sequence may be shorter than the layer's window
+            r = x_seq.shape[1]
+            q_l = min(cfg.kept(layer), r)
             with_cand = layer >= first
             groups = [(self._seq(layer), x_seq), (self._ns(layer), x_ns)]
             if with_cand:

@@ -34,7 +34,15 @@ class WorkloadSettings:
     new_events_prob: float = 0.15
     """Chance that a returning user brings 1–3 new events (session activity)."""
     arrival: Literal["poisson", "bursty"] = "poisson"
+    history_fill: float = 0.5
+    """Share of the model's event window a user's history fills at first sight (then it
+    grows with new events): a short history is cheap to score without a cache, a full
+    window is the brief's ~1,500-token production case."""
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.history_fill <= 1.0:
+            raise ValueError(f"history_fill={self.history_fill} must be in (0, 1]")
 
 
 PARETO_SHAPE = 1.5
@@ -86,7 +94,7 @@ class Workload:
 
     def _user(self, uid: int) -> UserFeatures:
         if uid not in self._users:
-            start = max(4, self.cfg.max_events // 2)
+            start = max(1, round(self.cfg.max_events * self.settings.history_fill))
             self._users[uid] = self.world.user(uid, n_events=start).features
         elif self.rng.random() < self.settings.new_events_prob:
             user = self._users[uid]

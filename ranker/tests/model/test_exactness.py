@@ -244,7 +244,7 @@ def test_fused_candidate_attention_equals_the_reference(data: st.DataObject) -> 
     )
     r, h, dh = data.draw(st.integers(1, 40)), data.draw(st.sampled_from([1, 2, 4])), 8
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 10_000)))
-    q, k_c, v_c = (torch.randn(b, c, t, h, dh, generator=gen) for _ in range(3))
+    q, k_c, v_c = (torch.randn(t, b, c, h, dh, generator=gen) for _ in range(3))
     k_u, v_u = (torch.randn(b, r, h, dh, generator=gen) for _ in range(2))
     valid = torch.rand(b, r, generator=gen) < 0.7
     valid[:, -1] = True  # the NS rows: never padding
@@ -252,13 +252,13 @@ def test_fused_candidate_attention_equals_the_reference(data: st.DataObject) -> 
     with torch.no_grad():
         fused = attend_candidates(q, k_c, v_c, k_u, v_u, bias)
         reference = attend_candidates_reference(q, k_c, v_c, k_u, v_u, bias)
-    assert fused.shape == (b, c, t, h, dh)
+    assert fused.shape == (t, b, c, h, dh)
     assert (fused - reference).abs().max().item() <= FP32_TOL
 
 
 def test_cpu_scoring_takes_the_fused_kernel_and_training_the_differentiable_path() -> None:
     assert layers_module._CPU_FLASH is not None, "this torch has no fused CPU attention kernel"
-    q, k_c, v_c = (torch.randn(1, 3, 2, 2, 8, requires_grad=True) for _ in range(3))
+    q, k_c, v_c = (torch.randn(2, 1, 3, 2, 8, requires_grad=True) for _ in range(3))
     k_u, v_u = (torch.randn(1, 5, 2, 8, requires_grad=True) for _ in range(2))
     bias = candidate_bias(torch.ones(1, 5, dtype=torch.bool), 2, alibi_slopes(2))
     attend_candidates(q, k_c, v_c, k_u, v_u, bias).sum().backward()
