@@ -21,6 +21,8 @@ KEYS = {
     "nocache_batched",
     "p99_speedup_vs_batched",
     "p50_speedup_vs_batched",
+    "nocache_batched_alone",
+    "p99_speedup_vs_batched_alone",
     "qps",
     "user_encodes",
     "errors",
@@ -67,11 +69,18 @@ def test_smoke_loadtest_reports_cache_effects(tmp_path: Path) -> None:
     assert 0.5 < report["hit_ratio"] <= 1.0 and report["l2_hit_ratio"] > 0
     # 10 users: at most one full encode per user plus TTL/refresh re-encodes, never per request
     assert report["user_encodes"]["full"] < report["cache"]["requests"] / 2
-    # against the strongest no-cache server: the C sequences batched
+    # against the strongest no-cache server: the C sequences batched, as many pods, the
+    # same requests at the same moments; and its first requests again, one at a time
     assert "batched" in report["nocache_mode"]
+    assert report["nocache_batched"]["requests"] == report["cache"]["requests"] == 80
+    assert report["nocache_batched_alone"]["requests"] == 4
     assert report["cache"]["p50_ms"] < report["nocache_batched"]["p50_ms"]
-    for side in ("cache", "nocache_batched"):
+    for side in ("cache", "nocache_batched", "nocache_batched_alone"):
         assert {"p50_ms", "p99_ms", "qps"} <= set(report[side])
+        assert report[side]["errors"] == 0
+    assert report["p99_speedup_vs_batched_alone"] == pytest.approx(
+        report["nocache_batched_alone"]["p99_ms"] / report["cache"]["p99_ms"]
+    )
 
 
 def test_the_oracle_counts_returning_users_and_both_arrival_laws_keep_the_rate() -> None:

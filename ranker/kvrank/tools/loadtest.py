@@ -1,14 +1,17 @@
 """Cache-enabled vs cache-disabled serving under the same workload, side by side.
 
-One run starts a local stack (redis-server when installed, two cache-enabled rankers
-sharing L2, one ranker without a K/V cache that batches each request's C full sequences: the
-strongest no-cache server), warms every server's process up on users outside the workload,
-replays the same Zipf/Poisson workload, and
-reports hit ratios (and the oracle's: what an unbounded, never-expiring cache would serve
-of the same requests), p50/p99 for both, QPS, how many user encodes the cache saved, and the
-error count. The profile sets the workload; any knob of it, and the number of cache-enabled
-pods, can be overridden to measure one's own traffic shape. Used by ``kvrank loadtest``
-(JSON) and ``kvrank demo`` (table and plots).
+One run starts a local stack (redis-server when installed; ``pods`` cache-enabled rankers
+sharing L2; the same number of rankers without a K/V cache, each batching a request's C full
+sequences at the user's own length — the strongest no-cache server — on the same threads;
+and one more no-cache ranker with every core), warms every server's process up on users
+outside the workload, and replays the same requests at the same moments to the cached pods,
+then to the no-cache pods: both sides face the same load on the same cores. The no-cache
+ranker with every core then answers the first requests one at a time, with nothing queued:
+the best a no-cache request can do. Reports hit ratios (and the oracle's: what an unbounded,
+never-expiring cache would serve of the same requests), p50/p99 and QPS of each side, how
+many user encodes the cache saved, and the error count. The profile sets the workload; any
+knob of it, and the number of pods, can be overridden to measure one's own traffic shape.
+Used by ``kvrank loadtest`` (JSON) and ``kvrank demo`` (table and plots).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from kvrank.tools.workload import Workload, WorkloadSettings
 @dataclass(frozen=True)
 class LoadProfile:
     cache_requests: int
-    nocache_requests: int
+    """Requests replayed to each side, at their scheduled times."""
+    alone_requests: int
+    """The first requests again, one at a time, to the no-cache ranker with every core."""
     workload: WorkloadSettings
 
 
@@ -50,6 +55,7 @@ class LoadRun:
     summary: dict[str, Any]
     cache_results: list[Result]
     nocache_results: list[Result]
+    alone_results: list[Result]
 
 
 def model_dir_for(model: Path | None, workdir: Path) -> tuple[Path, str]:
@@ -88,17 +94,14 @@ def run_load(
     with ProcessStack(tmp / "stack") as stack:
         redis_url = stack.start_redis()
         l2 = ["--redis", redis_url] if redis_url else []
-        # the cache-enabled rankers serve at once: the cores are split between them (more
-        # threads than cores only makes them wait on each other); the baseline, measured
-        # alone afterwards, gets every core
-        threads = max(1, len(os.sched_getaffinity(0)) // pods)
+        # the pods of one side serve at once: the cores are split between them (more
+        # threads than cores only makes them wait on each other)
+        threads = ["--torch-threads", str(max(1, len(os.sched_getaffinity(0)) // pods))]
         cache_urls = [
-            stack.start_ranker(
-                model_dir, *l2, "--namespace", "load", "--torch-threads", str(threads)
-            )
-            for _ in range(pods)
+            stack.start_ranker(model_dir, *l2, "--namespace", "load", *threads) for _ in range(pods)
         ]
-        nocache_url = stack.start_ranker(model_dir, "--no-cache")
+        nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *threads) for _ in range(pods)]
+        alone_url = stack.start_ranker(model_dir, "--no-cache")
         wl = Workload(cfg, settings)
         requests = list(wl.requests(prof.cache_requests))
         oracle = sum(r.returning for r in requests) / len(requests)
@@ -106,25 +109,31 @@ def run_load(
         def tag(name: str) -> Callable[[Result], None] | None:
             return (lambda r: on_result(name, r)) if on_result else None
 
-        asyncio.run(warm_up(requests, [*cache_urls, nocache_url]))
+        asyncio.run(warm_up(requests, [*cache_urls, *nocache_urls, alone_url]))
         encodes_before = _encodes(cache_urls)
         cache_results = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
-        baseline = [replace(r, at_s=0.0) for r in requests[: prof.nocache_requests]]
-        nocache_results = asyncio.run(replay(baseline, [nocache_url], 1, tag("nocache")))
+        nocache_results = asyncio.run(replay(requests, nocache_urls, 16, tag("nocache")))
+        one_by_one = [replace(r, at_s=0.0) for r in requests[: prof.alone_requests]]
+        alone_results = asyncio.run(replay(one_by_one, [alone_url], 1, tag("alone")))
         full, incr = (
             after - before
             for after, before in zip(_encodes(cache_urls), encodes_before, strict=True)
         )
         l1_bytes = sum(scrape(u, "kvrank_l1_bytes") for u in cache_urls)
     cache, nocache = summarize(cache_results), summarize(nocache_results)
+    alone = summarize(alone_results)
     summary = {
         "profile": profile,
         "model": origin,
         "redis": "redis-server (local)" if redis_url else "none installed: L1 only",
-        "nocache_mode": "the C full sequences per request batched in chunks (no K/V cache)",
+        "nocache_mode": (
+            "the C full sequences per request batched in chunks, at the user's own length"
+            " (no K/V cache); as many pods on the same threads, the same requests at the"
+            " same moments"
+        ),
         "workload": settings.__dict__,
         "cache_pods": pods,
-        "torch_threads_per_cache_pod": threads,
+        "torch_threads_per_pod": int(threads[1]),
         "hit_ratio": cache["hit_ratio"],
         "oracle_hit_ratio": oracle,
         "hit_ratio_vs_oracle": cache["hit_ratio"] / oracle if oracle else 0.0,
@@ -133,8 +142,11 @@ def run_load(
         "incremental_ratio": cache["incremental_ratio"],
         "cache": cache,
         "nocache_batched": nocache,
-        "p99_speedup_vs_batched": nocache["p99_ms"] / max(cache["p99_ms"], 1e-9),
-        "p50_speedup_vs_batched": nocache["p50_ms"] / max(cache["p50_ms"], 1e-9),
+        "nocache_batched_alone": alone,
+        "p99_speedup_vs_batched": _ratio(nocache["p99_ms"], cache["p99_ms"]),
+        "p50_speedup_vs_batched": _ratio(nocache["p50_ms"], cache["p50_ms"]),
+        "p99_speedup_vs_batched_alone": _ratio(alone["p99_ms"], cache["p99_ms"]),
+        "p50_speedup_vs_batched_alone": _ratio(alone["p50_ms"], cache["p50_ms"]),
         "qps": {"cache": cache["qps"], "nocache_batched": nocache["qps"]},
         "user_encodes": {
             "full": full,
@@ -142,6 +154,10 @@ def run_load(
             "saved": cache["requests"] - cache["errors"] - full,
         },
         "l1_bytes": l1_bytes,
-        "errors": cache["errors"] + nocache["errors"],
+        "errors": cache["errors"] + nocache["errors"] + alone["errors"],
     }
-    return LoadRun(summary, cache_results, nocache_results)
+    return LoadRun(summary, cache_results, nocache_results, alone_results)
+
+
+def _ratio(baseline_ms: float, cached_ms: float) -> float:
+    return baseline_ms / max(cached_ms, 1e-9)
