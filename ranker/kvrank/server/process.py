@@ -10,6 +10,7 @@ shutdown_grace_s`` stays below the pod's ``terminationGracePeriodSeconds`` (30 s
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import socket
 import threading
@@ -48,6 +49,7 @@ def serve(cfg: ServerConfig) -> None:
     """One server, one app; a second listening socket when admin endpoints have their own
     port (the app tells the two apart by the port a request arrived on)."""
     logs.configure(cfg.log)
+    keep_freed_memory()
     app = create_app(cfg)
     config = uvicorn.Config(
         app,
@@ -64,6 +66,27 @@ def serve(cfg: ServerConfig) -> None:
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
     sockets = [listening_socket(cfg.host, p) for p in ports]
     DrainingServer(config, app, cfg.drain_delay_s).run(sockets=sockets)
+
+
+MMAP_THRESHOLD_MAX = 32 << 20
+"""glibc's ceiling for ``M_MMAP_THRESHOLD`` on 64-bit systems."""
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep the memory torch frees for the next request instead of handing it
+    back to the kernel. Each score allocates and frees the same megabyte-sized buffers;
+    by default glibc maps the large ones afresh and unmaps them when freed, so every
+    request paid ~220 page faults (~0.4 ms of kernel time at the quick size, more under
+    contention). The process's heap then stays at its peak, which a server reaches
+    within its first requests anyway. False where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(
+        mallopt(m_mmap_threshold, MMAP_THRESHOLD_MAX) and mallopt(m_trim_threshold, 1 << 30)
+    )
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -333,6 +333,49 @@ def test_accepted_connections_have_nagle_off() -> None:
     assert asyncio.run(accepted_nodelay()) != 0
 
 
+FAULTS_PER_SCORE = """
+import resource, sys, torch
+from kvrank.data.synthetic import SyntheticWorld
+from kvrank.model.config import QUICK
+from kvrank.model.ranker import RankerModel
+from kvrank.server.process import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+torch.set_num_threads(1)
+model, world = RankerModel(QUICK).eval(), SyntheticWorld(QUICK)
+user = world.user(1, QUICK.max_events)
+cands, _, _ = world.candidates(user, 100, 2)
+kv = model.encode_user(user.features)
+for _ in range(10):
+    model.score(kv, cands)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    model.score(kv, cands)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50)
+"""
+
+
+@pytest.mark.slow
+def test_a_served_score_takes_no_page_faults_once_freed_memory_is_kept() -> None:
+    # glibc hands large freed buffers back to the kernel, so every score mapped its
+    # megabyte-sized intermediates afresh: hundreds of page faults a request
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> float:
+        run = subprocess.run(
+            [sys.executable, "-c", FAULTS_PER_SCORE, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return float(run.stdout.split()[-1])
+
+    default, kept = faults("default"), faults("keep")
+    assert kept < 10 and kept < default / 10, (default, kept)
+
+
 def test_keep_alive_requests_are_not_held_for_delayed_acks(spawn_server, request_for) -> None:
     # with Nagle on, each answer's body waited for the client's delayed ACK of its headers:
     # every request after the first on a connection took >= 40 ms; this model scores in ~1 ms
