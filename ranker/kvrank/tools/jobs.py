@@ -186,7 +186,9 @@ def run_demo(model_dir: Path, report_dir: Path) -> None:
         run = run_load("quick", model_dir, on_result=lambda _n, _r: bar.advance(task))
     if "L1 only" in run.summary["redis"]:
         console.print("[yellow]redis-server is not installed: this run used L1 only[/]")
-    _print_load(run.summary, "kvrank demo — two cache-enabled rankers sharing Redis vs. none")
+    _print_load(
+        run.summary, "kvrank demo — two cache-enabled rankers sharing Redis vs. two without"
+    )
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "summary.json").write_text(json.dumps(run.summary, indent=2) + "\n")
     _plot_demo(run, report_dir)
