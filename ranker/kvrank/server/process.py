@@ -76,9 +76,9 @@ def keep_freed_memory() -> bool:
     """Have glibc keep the memory torch frees for the next request instead of handing it
     back to the kernel. Each score allocates and frees the same megabyte-sized buffers;
     by default glibc maps the large ones afresh and unmaps them when freed, so every
-    request paid ~220 page faults (~0.4 ms of kernel time at the quick size, more under
-    contention). The process's heap then stays at its peak, which a server reaches
-    within its first requests anyway. False where the C library is not glibc."""
+    request paid 700-900 page faults (~1.5 ms of kernel time at the quick size). The
+    process's heap then stays at its peak, which a server reaches within its first
+    requests anyway. False where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):

@@ -96,11 +96,12 @@ def run_load(
         l2 = ["--redis", redis_url] if redis_url else []
         # the pods of one side serve at once: the cores are split between them (more
         # threads than cores only makes them wait on each other)
-        threads = ["--torch-threads", str(max(1, len(os.sched_getaffinity(0)) // pods))]
+        threads = max(1, len(os.sched_getaffinity(0)) // pods)
+        per_pod = ["--torch-threads", str(threads)]
         cache_urls = [
-            stack.start_ranker(model_dir, *l2, "--namespace", "load", *threads) for _ in range(pods)
+            stack.start_ranker(model_dir, *l2, "--namespace", "load", *per_pod) for _ in range(pods)
         ]
-        nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *threads) for _ in range(pods)]
+        nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *per_pod) for _ in range(pods)]
         alone_url = stack.start_ranker(model_dir, "--no-cache")
         wl = Workload(cfg, settings)
         requests = list(wl.requests(prof.cache_requests))
@@ -133,7 +134,7 @@ def run_load(
         ),
         "workload": settings.__dict__,
         "cache_pods": pods,
-        "torch_threads_per_pod": int(threads[1]),
+        "torch_threads_per_pod": threads,
         "hit_ratio": cache["hit_ratio"],
         "oracle_hit_ratio": oracle,
         "hit_ratio_vs_oracle": cache["hit_ratio"] / oracle if oracle else 0.0,
