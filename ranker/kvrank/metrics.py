@@ -25,7 +25,8 @@ from kvrank.cache import CONSTANT_LABELS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
-STAGES = ("hash", "l1", "l2", "encode", "extend", "score", "serde", "total")
+STAGES = ("hash", "l1", "l2", "encode", "extend", "score", "serde")
+"""Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
 OUTCOMES = ("l1", "l2", "incremental", "miss", "none")
 CACHED_OUTCOMES = ("l1", "l2", "incremental")
 SCORE_ROUTE = "/v1/score"
@@ -53,7 +54,7 @@ class Metrics:
         self.requests = {o: requests.labels(*values, o) for o in OUTCOMES}
         stage = Histogram(
             "kvrank_stage_seconds",
-            "Latency per stage",
+            "Latency per stage of a scoring request (the whole: kvrank_request_seconds)",
             [*names, "stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -104,7 +105,8 @@ class Metrics:
         self.requests[outcome].inc()
         self.latency[outcome].observe(timings_ms["total"] / 1e3)
         for stage, ms in timings_ms.items():
-            self.stages[stage].observe(ms / 1e3)
+            if stage != "total":
+                self.stages[stage].observe(ms / 1e3)
         self._served += 1
         self._cached += outcome in CACHED_OUTCOMES
         self.hit_ratio.set(self._cached / self._served)

@@ -27,6 +27,7 @@ from kvrank.model.embed import FeatureEmbedder
 from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.model.kv import TORCH_DTYPES, UserKV, quantize_layer
 from kvrank.model.layers import (
+    CandidateBias,
     GroupBlock,
     alibi_slopes,
     attend,
@@ -142,8 +143,9 @@ class RankerModel(nn.Module):
         x_c = self.embed.candidates(*self._cand_tensors(candidates))[None]
         # chunks keep the [chunk, H, T, R] attention scores cache-sized: same numbers, faster
         # on CPUs once C × R grows (candidates never see each other, so this is exact)
+        biases = self._candidate_biases(layers)  # the user's, shared by every chunk
         parts = [
-            self._score(layers, x_c[:, i : i + SCORE_CHUNK])[0]
+            self._score(layers, x_c[:, i : i + SCORE_CHUNK], biases)[0]
             for i in range(0, x_c.shape[1], SCORE_CHUNK)
         ]
         return torch.cat(parts).float()
@@ -376,7 +378,14 @@ class RankerModel(nn.Module):
             valid = valid[:, r - q_l :]
         return out
 
-    def _score(self, layers: KVLayers, x_c: Tensor) -> Tensor:
+    def _candidate_biases(self, layers: KVLayers) -> dict[int, CandidateBias]:
+        """Per scoring layer, the attention biases of candidate tokens towards its user rows."""
+        t = self.cfg.cand_tokens
+        return {i: candidate_bias(valid, t, self.slopes) for i, (_, _, valid) in layers.items()}
+
+    def _score(
+        self, layers: KVLayers, x_c: Tensor, biases: dict[int, CandidateBias] | None = None
+    ) -> Tensor:
         """Logits ``[B, C]`` of candidate tokens ``x_c [B, C, T, d]``.
 
         The candidate tokens go through the layers position-major, ``[T, B·C, d]``: every
@@ -385,13 +394,13 @@ class RankerModel(nn.Module):
         """
         first = self.cfg.first_candidate_layer
         b, c, t, d = x_c.shape
+        biases = biases or self._candidate_biases(layers)
         x = x_c.permute(2, 0, 1, 3).reshape(t, b * c, d)
         for i in range(len(self.cand_blocks)):
             blk = self._cand(i)
-            k_user, v_user, user_valid = layers[first + i]
+            k_user, v_user, _ = layers[first + i]
             q, k_c, v_c = (y.view(t, b, c, *y.shape[2:]) for y in blk.qkv(x, True))
-            bias = candidate_bias(user_valid, t, self.slopes)
-            a = attend_candidates(q, k_c, v_c, k_user, v_user, bias)
+            a = attend_candidates(q, k_c, v_c, k_user, v_user, biases[first + i])
             x = blk.finish(x, a.reshape(t, b * c, *a.shape[3:]), True)
         return self._head(x, token_dim=0).view(b, c)
 

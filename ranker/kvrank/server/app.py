@@ -1,9 +1,10 @@
 """The FastAPI application: ``/v1/score``, health, readiness, metrics and admin endpoints.
 
-Errors are mapped here and only here: ``InputError`` and schema violations → 422 naming
-the field, an oversized body → 413, ``IncompatibleKVError`` → 409, anything else → 500
-with a request id and no stack trace. The app owns the service's lifetime (load the
-model, warm it up, then report ready) and watches the config file for TTL changes.
+Errors are mapped here and in :mod:`kvrank.server.edge`, nowhere else: ``InputError`` and
+schema violations → 422 naming the field, ``IncompatibleKVError`` → 409 (here); an oversized
+body → 413, anything else → 500 with a request id and no stack trace (the edge). The app
+owns the service's lifetime (load the model, warm it up, then report ready) and watches the
+config file for TTL changes.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from fastapi import BackgroundTasks, FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvrank.cache import (
     AdaptiveTTL,
@@ -40,6 +41,7 @@ from kvrank.model.artifact import load_model, resolve_artifact
 from kvrank.runner import model_thread
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
+from kvrank.server.edge import BodyTooLarge, Edge, error_body
 from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
 from kvrank.server.shadow import SHADOW_HEADER, ShadowConfig, ShadowMirror
 from kvrank.service import RankingService, ServiceSettings
@@ -187,57 +189,27 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
     app.state.kvrank = state
 
-    @app.middleware("http")
-    async def limits_and_ids(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        started = time.perf_counter()
-        response = await _limited(request, call_next)
-        response.headers["x-request-id"] = request.state.request_id
-        # the matched template, not the path: bounded cardinality
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        if state.service is not None:
-            state.service.metrics.observe_response(route, response.status_code)
-        if route == "/v1/score":
-            logs.access(
-                {
-                    "request_id": request.state.request_id,
-                    "route": route,
-                    "status": response.status_code,
-                    "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
-                    "user": getattr(request.state, "user", None),
-                    "cache": getattr(request.state, "cache", None),
-                    "candidates": getattr(request.state, "candidates", None),
-                    "model_version": getattr(request.state, "model_version", None),
-                }
-            )
-        return response
-
-    async def _limited(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if not _on_its_port(request, cfg):
-            return _error(404, None, "not found", request)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            return _error(
-                413,
-                "body",
-                f"request body of {length} bytes exceeds max_body_bytes={cfg.max_body_bytes}",
-                request,
-            )
-        try:
-            return await call_next(request)
-        except Exception:
-            log.exception("request %s failed", request.state.request_id)
-            return _error(500, None, "internal error", request)
+    app.add_middleware(
+        Edge,
+        port=cfg.port,
+        admin_port=cfg.admin_port,
+        max_body_bytes=cfg.max_body_bytes,
+        observe=lambda route, code: (
+            state.service.metrics.observe_response(route, code) if state.service else None
+        ),
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         field = ".".join(str(p) for p in first["loc"] if p != "body")
         return _error(422, field, str(first["msg"]), request, details=_safe(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if isinstance(exc.__cause__, BodyTooLarge):  # FastAPI's body reader wraps it
+            return _error(413, "body", str(exc.__cause__), request)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
@@ -248,9 +220,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         return _error(409, None, str(exc), request)
 
     @app.post("/v1/score", response_model=ScoreResponse)
-    async def score(
-        body: ScoreRequest, request: Request, background: BackgroundTasks
-    ) -> ScoreResponse:
+    async def score(body: ScoreRequest, request: Request) -> Response:
         svc = _service(state)
         request.state.user = user_hash(body.user_id)
         cfg_m = svc.model.cfg
@@ -259,17 +229,20 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         request.state.cache = result.outcome.value
         request.state.candidates = len(result.scores)
         request.state.model_version = svc.model.version
-        scores = [float(x) for x in result.scores]
+        scores = result.scores.tolist()
         if state.shadow is not None and SHADOW_HEADER not in request.headers:
-            # after the answer is sent; the body as received (read once, kept by Starlette)
-            background.add_task(state.shadow.offer, await request.body(), scores)
-        return ScoreResponse(
+            # queued, sent by the mirror's own task: the body as received (read once, kept
+            # by Starlette), nothing serialized again
+            state.shadow.offer(await request.body(), scores)
+        answer = ScoreResponse(
             request_id=request.state.request_id,
             model_version=svc.model.version,
             scores=scores,
             cache=result.outcome.value,
             timings_ms=result.timings_ms,
         )
+        # serialized here, in pydantic's core: FastAPI would validate the model again
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -304,16 +277,6 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     return app
 
 
-def _on_its_port(request: Request, cfg: ServerConfig) -> bool:
-    """With an admin port, /admin/* answers there only and everything else only on the main
-    port: the scoring Service (main port) cannot reach admin actions."""
-    if cfg.admin_port is None:
-        return True
-    server = request.scope.get("server") or (None, None)
-    admin = request.url.path.startswith("/admin/")
-    return server[1] == (cfg.admin_port if admin else cfg.port)
-
-
 def _service(state: AppState) -> RankingService:
     if state.service is None:
         raise RuntimeError("service not started")
@@ -331,12 +294,5 @@ def _error(
     request: Request,
     details: list[dict[str, Any]] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {
-        "error": message,
-        "request_id": getattr(request.state, "request_id", None),
-    }
-    if field is not None:
-        body["field"] = field
-    if details:
-        body["details"] = details
-    return JSONResponse(body, status_code=status)
+    request_id = getattr(request.state, "request_id", None)
+    return JSONResponse(error_body(message, request_id, field, details), status_code=status)

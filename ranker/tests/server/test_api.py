@@ -122,6 +122,21 @@ def test_oversized_body_is_413(make_client, request_for) -> None:
     assert resp.status_code == 413 and "max_body_bytes=2048" in resp.json()["error"]
 
 
+def test_a_streamed_body_without_a_length_is_held_to_the_same_limit(
+    make_client, request_for
+) -> None:
+    """Chunked transfer declares no content-length: the limit counts what arrives."""
+    client = make_client(max_body_bytes=2048)
+    _, _, req = request_for(n=30, c=50)
+    raw = json.dumps(req).encode()
+    chunks = (raw[i : i + 512] for i in range(0, len(raw), 512))
+    resp = client.post("/v1/score", content=chunks, headers={"content-type": "application/json"})
+    assert "content-length" not in resp.request.headers
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["field"] == "body" and "max_body_bytes=2048" in resp.json()["error"]
+    assert resp.headers["x-request-id"] == resp.json()["request_id"]
+
+
 def test_internal_error_is_500_without_a_stack_trace(make_client, request_for) -> None:
     client = make_client()
     svc = client.app.state.kvrank.service
