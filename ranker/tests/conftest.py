@@ -3,7 +3,11 @@ logits are O(1) (default init gives tiny logits, which would make exactness test
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +61,26 @@ class Factory:
 FACTORY = Factory()
 
 
+def run_kvrank(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``kvrank ARGS`` as a user runs it (this environment's entry point); asserts it exits
+    0 and shows the end of its output when it does not."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "kvrank"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="session")
+def kvrank_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """:func:`run_kvrank`, for the tests that drive the command line."""
+    return run_kvrank
+
+
 @pytest.fixture(scope="session")
 def factory() -> Factory:
     return FACTORY
@@ -81,8 +105,7 @@ def tiny_cfg() -> ModelConfig:
 # --------------------------------------------------------------------------- Redis
 # Real redis-server processes on free loopback ports (make test installs the binary).
 
-from collections.abc import Callable, Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 from kvrank.tools.processes import RedisCluster, free_port_pair, start_redis_cluster  # noqa: E402
 from kvrank.tools.processes import RedisServer as RedisProcess  # noqa: E402

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,27 +24,10 @@ MODES = {"nocache_batched", "nocache_serial", "miss", "hit", "hit_int8", "increm
 
 
 @pytest.mark.slow
-def test_quick_bench_writes_complete_json(tmp_path: Path) -> None:
+def test_quick_bench_writes_complete_json(tmp_path: Path, kvrank_cli) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kvrank"),
-            "bench",
-            "--profile",
-            "quick",
-            "--candidates",
-            "50,100",
-            "--json",
-            str(out),
-            "--plot",
-            str(png),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = ["--json", str(out), "--plot", str(png)]
+    proc = kvrank_cli("bench", "--profile", "quick", "--candidates", "50,100", *outputs)
     report = json.loads(out.read_text())
     assert set(report) >= REQUIRED
     assert set(report["modes"]) == MODES

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,29 +29,10 @@ KEYS = {
 
 @pytest.mark.slow
 @pytest.mark.redis
-def test_smoke_loadtest_reports_cache_effects(tmp_path: Path) -> None:
+def test_smoke_loadtest_reports_cache_effects(tmp_path: Path, kvrank_cli) -> None:
     out = tmp_path / "load.json"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kvrank"),
-            "loadtest",
-            "--profile",
-            "smoke",
-            "--json",
-            str(out),
-            "--arrival",
-            "bursty",
-            "--users",
-            "8",
-            "--pods",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    smoke = ["loadtest", "--profile", "smoke", "--arrival", "bursty", "--users", "8", "--pods", "3"]
+    kvrank_cli(*smoke, "--json", str(out))
     report = json.loads(out.read_text())
     assert set(report) >= KEYS
     assert report["errors"] == 0
@@ -128,25 +107,11 @@ def test_a_history_fill_outside_the_window_names_the_knob() -> None:
 
 @pytest.mark.slow
 @pytest.mark.redis
-def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(tmp_path: Path) -> None:
+def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(
+    tmp_path: Path, kvrank_cli
+) -> None:
     out = tmp_path / "shadow.json"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kvrank"),
-            "shadowtest",
-            "--profile",
-            "smoke",
-            "--sample",
-            "0.5",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    kvrank_cli("shadowtest", "--profile", "smoke", "--sample", "0.5", "--json", str(out))
     report = json.loads(out.read_text())
     assert report["errors"] == 0, "a canary that is down must fail no request"
     for pod in ("off", "off_again", "shadow", "canary_down"):
