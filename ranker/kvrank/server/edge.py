@@ -1,9 +1,10 @@
 """What every HTTP request passes through before and after its route: an ASGI middleware.
 
-It gives the request an id (the caller's ``x-request-id`` or a new one) and returns it as a
-header, keeps admin routes off the scoring port, refuses bodies over ``max_body_bytes``
-(declared or streamed) with 413, turns anything a route raised into a 500 that names only
-the request id, counts the response per route template and writes the access line.
+It gives the request an id (the caller's ``x-request-id`` if it is a sane one, else a new
+one) and returns it as a header, keeps admin routes off the scoring port, refuses bodies
+over ``max_body_bytes`` (declared or streamed) with 413, turns anything a route raised into
+a 500 that names only the request id, counts the response per route template and writes
+the access line.
 
 A plain ASGI class rather than Starlette's ``BaseHTTPMiddleware``: that one runs each
 request's route in a task group of its own and streams the answer back through a memory
@@ -25,6 +26,7 @@ from kvrank.metrics import SCORE_ROUTE
 from kvrank.server import logs
 
 log = logging.getLogger("kvrank.server")
+MAX_REQUEST_ID = 128
 ACCESS_FIELDS = ("user", "cache", "candidates", "model_version")
 """Set by the scoring route on ``request.state``; copied into its access line."""
 
@@ -42,6 +44,14 @@ def error_body(
     if details:
         body["details"] = details
     return body
+
+
+def _caller_id(raw: bytes) -> str | None:
+    """The caller's request id, kept so one id follows a request across services — if it
+    is 1 to 128 visible ASCII characters; anything else is not written into our logs."""
+    if 0 < len(raw) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in raw):
+        return raw.decode("ascii")
+    return None
 
 
 class BodyTooLarge(Exception):
@@ -71,7 +81,7 @@ class Edge:
             return
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1") or uuid.uuid4().hex
+        request_id = _caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = 500

@@ -137,6 +137,21 @@ def test_a_streamed_body_without_a_length_is_held_to_the_same_limit(
     assert resp.headers["x-request-id"] == resp.json()["request_id"]
 
 
+@pytest.mark.parametrize(
+    ("sent", "kept"), [("trace-4f2a.9", True), ("x" * 129, False), ("has space", False)]
+)
+def test_a_callers_request_id_is_kept_when_it_is_a_sane_one(
+    make_client, request_for, sent, kept
+) -> None:
+    """One id follows a request across services; an odd one is replaced, not logged."""
+    client = make_client()
+    _, _, req = request_for()
+    resp = client.post("/v1/score", json=req, headers={"x-request-id": sent})
+    assert resp.status_code == 200
+    assert resp.headers["x-request-id"] == resp.json()["request_id"]
+    assert (resp.json()["request_id"] == sent) is kept
+
+
 def test_internal_error_is_500_without_a_stack_trace(make_client, request_for) -> None:
     client = make_client()
     svc = client.app.state.kvrank.service
