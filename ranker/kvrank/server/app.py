@@ -1,10 +1,10 @@
 """The FastAPI application: ``/v1/score``, health, readiness, metrics and admin endpoints.
 
 Errors are mapped here and in :mod:`kvrank.server.edge`, nowhere else: ``InputError`` and
-schema violations → 422 naming the field, ``IncompatibleKVError`` → 409 (here); an oversized
-body → 413, anything else → 500 with a request id and no stack trace (the edge). The app
-owns the service's lifetime (load the model, warm it up, then report ready) and watches the
-config file for TTL changes.
+schema violations → 422 naming the field, ``IncompatibleKVError`` → 409, a streamed body
+over the limit → 413 (here); a declared one → 413, anything else → 500 with a request id and
+no stack trace (the edge). The app owns the service's lifetime (load the model, warm it
+up, then report ready) and watches the config file for TTL changes.
 """
 
 from __future__ import annotations
@@ -207,8 +207,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if isinstance(exc.__cause__, BodyTooLarge):  # FastAPI's body reader wraps it
-            return _error(413, "body", str(exc.__cause__), request)
+        if isinstance(exc, BodyTooLarge):
+            return _error(413, "body", exc.detail, request)
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(InputError)

@@ -13,13 +13,14 @@ channel, which cost about a millisecond a request here — a tenth of a quick-si
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvrank.metrics import SCORE_ROUTE
@@ -54,9 +55,12 @@ def _caller_id(raw: bytes) -> str | None:
     return None
 
 
-class BodyTooLarge(Exception):
-    """A streamed body grew past ``max_body_bytes``; answered 413 (FastAPI's body reader
-    wraps it in a 400 ``HTTPException``, which the app's handler maps back)."""
+class BodyTooLarge(HTTPException):
+    """A streamed body grew past ``max_body_bytes``. An ``HTTPException`` so that FastAPI's
+    body reader lets it through unwrapped; the app answers it 413 naming ``body``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
 
 
 class Edge:
@@ -96,18 +100,8 @@ class Edge:
             await send(message)
 
         async def answer(code: int, message: str, field: str | None = None) -> None:
-            body = json.dumps(error_body(message, request_id, field)).encode()
-            await send_with_id(
-                {
-                    "type": "http.response.start",
-                    "status": code,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send_with_id({"type": "http.response.body", "body": body})
+            response = JSONResponse(error_body(message, request_id, field), status_code=code)
+            await response(scope, receive, send_with_id)
 
         received = 0
 
@@ -128,9 +122,6 @@ class Edge:
         else:
             try:
                 await self.app(scope, receive_bounded, send_with_id)
-            except BodyTooLarge as exc:
-                if not answered:
-                    await answer(413, str(exc), "body")
             except Exception:
                 log.exception("request %s failed", request_id)
                 if not answered:
