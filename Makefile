@@ -8,8 +8,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 KVRANK_CACHE ?= $(HOME)/.cache/kvrank
 export KVRANK_CACHE
-# The venv is rebuilt only when pyproject.toml changes.
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# The venv is rebuilt only when a pyproject.toml changes (kvrank's or the example plugin's:
+# the tests serve the example model through its entry point, as a team's image would).
+PLUGIN := examples/sasrec
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(PLUGIN)/pyproject.toml | sha1sum | cut -c1-12)
 PHASE := scripts/phase.sh
 
 CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
@@ -26,11 +28,11 @@ HELM = $$(bash e2e/localkube/build.sh)/helm
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PLUGIN)/pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[ranker,operator,dev]'
+	$(VENV)/bin/pip install -q -e '.[ranker,operator,dev]' -e $(PLUGIN)
 	@touch $@
 
 venv: $(STAMP) ## Create .venv and install kvrank with all extras (reused while pyproject.toml is unchanged)
@@ -43,8 +45,8 @@ kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, Cor
 	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
 
 lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows
-	$(VENV)/bin/ruff check ranker operator e2e images
-	$(VENV)/bin/ruff format --check ranker operator e2e images
+	$(VENV)/bin/ruff check ranker operator e2e images examples
+	$(VENV)/bin/ruff format --check ranker operator e2e images examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	"$$(bash e2e/localkube/build-node.sh)/actionlint" -shellcheck= -pyflakes= .github/workflows/*.yml

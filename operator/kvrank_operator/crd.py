@@ -142,7 +142,13 @@ MODEL = _obj(
             "pattern": "^[0-9a-fA-F]{64}$",
             "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
         },
-        "image": {"type": "string", "minLength": 1, "maxLength": 512},
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 512,
+            "description": "The ranker image; a team's model comes in a derived image (FROM"
+            " the ranker image, plus its plugin package).",
+        },
         "replicas": {
             "type": "integer",
             "minimum": 0,
@@ -250,6 +256,13 @@ CANARY = _obj(
     {
         "version": _NAME,
         "uri": {"type": "string", "minLength": 1, "maxLength": 1024},
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 512,
+            "description": "The canary's own ranker image, to bring new model code (default:"
+            " model.image). Promotion makes it the stable's.",
+        },
         "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": CanarySpec.weight},
         "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
         "sha256": {

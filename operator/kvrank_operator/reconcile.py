@@ -169,10 +169,7 @@ def _rollout(
     else:
         set_condition(status, "CanaryAnalysis", *decision.condition, gen, now)
     if decision.promote and spec.canary is not None:
-        c = spec.canary
-        model = {"version": c.version, "uri": c.uri, "sha256": c.sha256}
-        patch = {"spec": {"model": model, "canary": None}}
-        kube.merge_patch(API, "RankerDeployment", ns, name, patch)
+        kube.merge_patch(API, "RankerDeployment", ns, name, rollout.promotion(spec.canary))
     return rollout.effective(spec, decision.canary)
 
 

@@ -257,3 +257,12 @@ def _last_condition(rollout: dict[str, Any]) -> tuple[bool, str, str]:
     if rollout["phase"] == PROMOTED:
         return True, PROMOTED, rollout.get("message", "")
     return False, rollout.get("reason", ABORTED), rollout.get("message", "")
+
+
+def promotion(canary: CanarySpec) -> dict[str, Any]:
+    """The spec patch that promotes ``canary``: ``model`` takes its version, artifact and (when
+    it brought one) its image, and the canary block goes."""
+    model: dict[str, Any] = {"version": canary.version, "uri": canary.uri, "sha256": canary.sha256}
+    if canary.image:  # the canary's model code becomes the stable's with it
+        model["image"] = canary.image
+    return {"spec": {"model": model, "canary": None}}

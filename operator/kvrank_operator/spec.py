@@ -40,6 +40,9 @@ class PodSettings:
     """period × threshold: 10 minutes to download, load and warm up a model."""
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     version: str
@@ -58,6 +61,15 @@ class ModelSpec:
     pod: PodSettings = field(default_factory=PodSettings)
     sha256: str | None = None
     """Of the artifact's weights file: pods refuse an artifact that does not match."""
+
+    @property
+    def requests_gpu(self) -> bool:
+        """The pods ask for an NVIDIA GPU (requests or limits ``nvidia.com/gpu`` > 0)."""
+        for part in ("limits", "requests"):
+            amount = (self.resources.get(part) or {}).get(GPU_RESOURCE)
+            if amount is not None and str(amount).strip() not in ("", "0"):
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,8 @@ class CanarySpec:
     sha256: str | None = None
     shadow: ShadowSpec | None = None
     warmup: WarmupSpec | None = None
+    image: str | None = None
+    """The canary's own ranker image (new model code); None: ``model.image``."""
     steps: tuple[StepSpec, ...] = ()
     """Empty: the canary stays at ``weight`` until a person promotes or removes it."""
     analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
@@ -208,6 +222,13 @@ class RankerSpec:
         if role == "canary" and self.canary is not None:
             return self.canary.uri, self.canary.sha256
         return self.model.uri, self.model.sha256
+
+    def image_of(self, role: str) -> str:
+        """The ranker image of the stable or the canary version (a canary may bring new
+        model code in an image of its own)."""
+        if role == "canary" and self.canary is not None and self.canary.image:
+            return self.canary.image
+        return self.model.image
 
     def versions(self) -> list[tuple[str, str]]:
         """(version, role) of every live version, stable first."""
@@ -354,8 +375,9 @@ def _canary(c: dict[str, Any]) -> CanarySpec:
         c.get("sha256"),
         shadow,
         warmup,
-        steps,
-        analysis,
+        image=c.get("image"),
+        steps=steps,
+        analysis=analysis,
     )
 
 

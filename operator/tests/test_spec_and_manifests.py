@@ -391,3 +391,56 @@ def test_a_pods_start_failure_is_its_last_log_message(last_line: str, shown: str
     why = _start_failure(pod)
     assert why is not None and shown in why and why.endswith("(exit code 2)")
     assert "severity" not in why  # a JSON line shows as its message
+
+
+def _env_of(spec: dict, role: str = "stable", version: str = "v1") -> dict[str, str | None]:
+    parsed = parse_spec(spec)
+    dep = m.deployment(parsed, "feed", "prod", version, "/models/x", 1, role)
+    (ranker,) = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in ranker["env"]}
+
+
+def test_a_version_given_a_gpu_computes_on_it_and_one_without_uses_the_rankers_default() -> None:
+    from kvrank.server.config import ServerConfig
+
+    gpu = {"model": {"version": "v1", "uri": "/m", "resources": {"limits": {"nvidia.com/gpu": 1}}}}
+    assert _env_of(gpu)["KVRANK_DEVICE"] == "cuda"
+    requested = {"model": {**gpu["model"], "resources": {"requests": {"nvidia.com/gpu": "2"}}}}
+    assert _env_of(requested)["KVRANK_DEVICE"] == "cuda"
+    cpu = {"model": {"version": "v1", "uri": "/m", "resources": {"limits": {"cpu": "2"}}}}
+    assert "KVRANK_DEVICE" not in _env_of(cpu)
+    assert ServerConfig.model_construct().device == "auto"  # what that pod then runs with
+    zero = {"model": {**gpu["model"], "resources": {"limits": {"nvidia.com/gpu": 0}}}}
+    assert "KVRANK_DEVICE" not in _env_of(zero)
+    mine = {"model": {**gpu["model"], "env": [{"name": "KVRANK_DEVICE", "value": "cuda:1"}]}}
+    assert [v for k, v in _ranker_env_list(mine) if k == "KVRANK_DEVICE"][-1] == "cuda:1"
+
+
+def _ranker_env_list(spec: dict) -> list[tuple[str, str | None]]:
+    dep = m.deployment(parse_spec(spec), "feed", "prod", "v1", "/models/x", 1, "stable")
+    (ranker,) = dep["spec"]["template"]["spec"]["containers"]
+    return [(e["name"], e.get("value")) for e in ranker["env"]]
+
+
+def test_a_canary_brings_its_own_image_and_promotion_makes_it_the_stables() -> None:
+    from kvrank_operator.rollout import promotion
+
+    raw = {
+        "model": {"version": "v1", "uri": "/m/v1", "image": "reg/ranker-team:1"},
+        "canary": {"version": "v2", "uri": "/m/v2", "image": "reg/ranker-team:2"},
+    }
+    spec = parse_spec(raw)
+    images = {
+        role: m.deployment(spec, "feed", "prod", v, "/m", 1, role)["spec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        for v, role in spec.versions()
+    }
+    assert images == {"stable": "reg/ranker-team:1", "canary": "reg/ranker-team:2"}
+    patch = promotion(spec.canary)  # type: ignore[arg-type]
+    assert patch["spec"]["model"]["image"] == "reg/ranker-team:2"
+    assert patch["spec"]["model"]["version"] == "v2" and patch["spec"]["canary"] is None
+    plain = parse_spec({**raw, "canary": {"version": "v2", "uri": "/m/v2"}})
+    assert "image" not in promotion(plain.canary)["spec"]["model"]  # type: ignore[arg-type]
+    canary = m.deployment(plain, "feed", "prod", "v2", "/m", 1, "canary")
+    assert canary["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ranker-team:1"

@@ -118,7 +118,9 @@ def serve(
         Path | None, typer.Option(help="JSON/YAML config file (watched for TTL changes).")
     ] = None,
     l1_bytes: Annotated[int | None, typer.Option(help="L1 byte budget.")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (default: CUDA when there is a GPU), cpu or cuda.")
+    ] = None,
     torch_threads: Annotated[
         int | None, typer.Option(help="torch intra-op threads (0: one per core).")
     ] = None,
@@ -130,8 +132,9 @@ def serve(
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
     from pydantic import ValidationError
 
-    from kvrank.errors import ArtifactError
+    from kvrank.errors import ArtifactError, DeviceError
     from kvrank.model.artifact import resolve_artifact
+    from kvrank.model.device import resolve_device
     from kvrank.server.config import load_config
     from kvrank.server.process import serve as serve_app
 
@@ -153,6 +156,11 @@ def serve(
     except (ValidationError, ValueError, OSError) as exc:
         typer.secho(f"kvrank serve: invalid configuration: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from exc
+    try:  # told to use a GPU it does not have, a pod exits saying so (never a silent CPU)
+        resolve_device(cfg.device)
+    except DeviceError as exc:
+        typer.secho(f"kvrank serve: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
     try:  # a URL is downloaded now, so a bad location fails before the port opens
         local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
     except ArtifactError as exc:
@@ -167,6 +175,52 @@ def serve(
         )
         raise typer.Exit(code=2)
     serve_app(cfg)
+
+
+@app.command("check-model")
+def check_model(
+    directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "cpu",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Check that a model is safe to serve from a K/V cache (the checks a pod runs at load):
+    cached == no-cache scores, candidates independent, deterministic state, byte round trip,
+    every K/V dtype, score_many, exact extension. Exits 1 naming each failed check."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kvrank.errors import ArtifactError, DeviceError
+    from kvrank.model.artifact import load_ranker
+    from kvrank.model.checks import check_model as run_checks
+    from kvrank.model.device import resolve_device
+
+    try:
+        model = load_ranker(directory, resolve_device(device))
+    except (ArtifactError, DeviceError) as exc:
+        typer.secho(f"kvrank check-model: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
+    report = run_checks(model)
+    table = Table(title=f"{directory} — {type(model).__name__} {model.version}")
+    for column in ("check", "result", "detail", "s"):
+        table.add_column(column)
+    for r in report.results:
+        verdict = "[green]ok[/]" if r.passed else "[red]FAILED[/]"
+        table.add_row(escape(r.name), verdict, escape(r.detail), f"{r.seconds:.2f}")
+    Console().print(table)
+    if json_out is not None:
+        doc = {
+            "model_version": model.version,
+            "passed": report.passed,
+            "checks": [vars(r) for r in report.results],
+        }
+        json_out.write_text(json.dumps(doc, indent=2) + "\n")
+    if not report.passed:
+        failed = ", ".join(r.name for r in report.failed)
+        typer.secho(f"kvrank check-model: failed: {failed}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -43,3 +43,17 @@ class CorruptEntryError(KvrankError, ValueError):
 
 class ArtifactError(KvrankError, OSError):
     """A model artifact directory is missing files or holds an invalid config (maps to 500)."""
+
+
+class ModelCheckError(ArtifactError):
+    """A model failed a load-time cacheability check (see :mod:`kvrank.model.checks`): it
+    is never served, and the pod stays un-ready naming the check."""
+
+    def __init__(self, check: str, problem: str) -> None:
+        super().__init__(f"model check {check!r} failed: {problem}")
+        self.check = check
+        self.problem = problem
+
+
+class DeviceError(KvrankError, RuntimeError):
+    """The configured compute device is not usable here (e.g. ``cuda`` without a GPU)."""

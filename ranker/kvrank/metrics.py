@@ -42,6 +42,8 @@ class Metrics:
     version: str
     namespace: str
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    device: str = "cpu"
+    """The torch device the model computes on (``kvrank_model_info``'s label)."""
 
     def __post_init__(self) -> None:
         names, values = list(CONSTANT_LABELS), (self.version, self.namespace)
@@ -86,6 +88,12 @@ class Metrics:
             names,
             registry=r,
         ).labels(*values)
+        Gauge(
+            "kvrank_model_info",
+            "The model being served (always 1); its device says whether a GPU computes",
+            [*names, "device"],
+            registry=r,
+        ).labels(*values, self.device).set(1)
         self._responses = Counter(
             "kvrank_http_responses",
             "HTTP responses by route and status code (errors included)",

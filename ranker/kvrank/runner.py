@@ -8,7 +8,8 @@ the thread that starts a parallel region, and a second such thread makes libgomp
 its spin-waiting once the pools outnumber the cores, which slows every parallel region
 (a quick-size score on 2 cores: 10 ms on one thread, 17 ms once another had run torch).
 With a micro-batching window, the ``score`` calls that arrive within it are scored in one
-pass (pays off on GPUs; off by default). This module knows nothing of caching.
+pass (pays off on GPUs; off by default) when the model can (``score_many``). This module
+knows nothing of caching.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from kvrank.model.inputs import Candidates
+from kvrank.model.contract import BatchScorer, CacheableRanker, CandidateInput
 from kvrank.model.kv import UserKV
-from kvrank.model.ranker import RankerModel
 
 R = TypeVar("R")
 _MODEL_THREAD: ThreadPoolExecutor | None = None
@@ -38,16 +38,20 @@ def model_thread() -> ThreadPoolExecutor:
 
 
 class ModelRunner:
-    def __init__(self, model: RankerModel, microbatch_s: float = 0.0, max_batch: int = 32):
+    def __init__(self, model: CacheableRanker, microbatch_s: float = 0.0, max_batch: int = 32):
         self.model = model
         self._executor = model_thread()
-        self.batcher = MicroBatcher(self, microbatch_s, max_batch) if microbatch_s > 0 else None
+        self.batcher = (
+            MicroBatcher(self, model, microbatch_s, max_batch)
+            if microbatch_s > 0 and isinstance(model, BatchScorer)
+            else None
+        )
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Run ``fn(*args)`` on the model thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def score(self, kv: UserKV, cands: Candidates) -> Tensor:
+    async def score(self, kv: UserKV, cands: CandidateInput) -> Tensor:
         """Logits of ``cands`` against a user's K/V (micro-batched when a window is set)."""
         if self.batcher is not None:
             return await self.batcher.score(kv, cands)
@@ -61,16 +65,19 @@ class ModelRunner:
 class MicroBatcher:
     """Collects concurrent ``score`` calls for a short window and runs them as one batch."""
 
-    def __init__(self, runner: ModelRunner, window_s: float, max_batch: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, model: BatchScorer, window_s: float, max_batch: int
+    ) -> None:
         self.runner = runner
+        self.model = model
         self.window_s = window_s
         self.max_batch = max_batch
-        self._pending: list[tuple[UserKV, Candidates, asyncio.Future[Tensor]]] = []
+        self._pending: list[tuple[UserKV, CandidateInput, asyncio.Future[Tensor]]] = []
         self._flush: asyncio.Task[None] | None = None
         self.batches = 0
         """Passes run so far (each scores one or more requests)."""
 
-    async def score(self, kv: UserKV, cands: Candidates) -> Tensor:
+    async def score(self, kv: UserKV, cands: CandidateInput) -> Tensor:
         fut: asyncio.Future[Tensor] = asyncio.get_running_loop().create_future()
         self._pending.append((kv, cands, fut))
         if len(self._pending) >= self.max_batch:
@@ -90,8 +97,8 @@ class MicroBatcher:
             return
         self.batches += 1
         try:
-            model = self.runner.model
-            results = await self.runner.run(model.score_many, [(kv, c) for kv, c, _ in batch])
+            requests = [(kv, c) for kv, c, _ in batch]
+            results = await self.runner.run(self.model.score_many, requests)
         except Exception as exc:
             for *_, fut in batch:
                 if not fut.done():

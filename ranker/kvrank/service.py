@@ -19,9 +19,10 @@ from torch import Tensor
 from kvrank.cache import CacheKey, Created, Outcome, TieredCache, sequence_chain
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
-from kvrank.model.inputs import Candidates, UserFeatures
+from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
+from kvrank.model.features import check_candidates, check_user
 from kvrank.model.kv import UserKV
-from kvrank.model.ranker import DEFAULT_REFRESH_EVERY, RankerModel
+from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
 from kvrank.runner import ModelRunner
 
 
@@ -30,9 +31,9 @@ class ServiceSettings:
     kv_dtype: KVDType | None = None
     incremental: Literal["exact", "approximate", "off"] = "exact"
     """``exact``: extend a cached prefix only when the result equals a full encode
-    (:meth:`RankerModel.extend_is_exact`), else encode in full; ``approximate``: extend also
+    (the model's ``extend_is_exact``), else encode in full; ``approximate``: extend also
     once a window slides (bounded drift, re-encoded every ``refresh_every``); ``off``: never
-    extend."""
+    extend. A model that cannot extend (no ``extend_user``) always encodes in full."""
     refresh_every: int = DEFAULT_REFRESH_EVERY
     """``approximate``: encode from scratch once a cached prefix has been extended this many
     times."""
@@ -55,23 +56,28 @@ class ScoreResult:
 
 class RankingService:
     def __init__(
-        self, model: RankerModel, cache: TieredCache, settings: ServiceSettings, metrics: Metrics
+        self,
+        model: CacheableRanker,
+        cache: TieredCache,
+        settings: ServiceSettings,
+        metrics: Metrics,
     ) -> None:
         self.model = model
         self.cache = cache
         self.settings = settings
         self.metrics = metrics
         self.runner = ModelRunner(model, settings.microbatch_ms / 1e3, settings.microbatch_max)
-        self.fingerprint = model.cfg.fingerprint()
+        self.fingerprint = model.fingerprint()
+        self.features = model.features
 
     async def close(self) -> None:
         await self.cache.close()
         self.runner.close()
 
-    async def score(self, user_id: str, user: UserFeatures, cands: Candidates) -> ScoreResult:
+    async def score(self, user_id: str, user: UserInput, cands: CandidateInput) -> ScoreResult:
         start = time.perf_counter()
-        user.validate(self.model.cfg)
-        cands.validate(self.model.cfg)
+        check_user(self.features, user)
+        check_candidates(self.features, cands)
         interval = self.cache.ttl.observe(user_id)
         if interval is not None:
             self.metrics.intervals.observe(interval)
@@ -79,11 +85,11 @@ class RankingService:
             logits = await self.runner.run(self.model.forward_full, user, cands)
             return self._result(logits, Outcome.NONE, {"total": _ms(start)})
         t = time.perf_counter()
-        chain = sequence_chain(user, self.fingerprint)
+        chain = sequence_chain(user, self.fingerprint, self.features)
         key = self.cache.key(user_id, chain[-1])
         timings = {"hash": _ms(t)}
         found = await self.cache.get_or_create(
-            key, len(user.events), lambda: self._create(key, user, chain, timings)
+            key, len(user), lambda: self._create(key, user, chain, timings)
         )
         timings.update(found.timings_ms)
         t = time.perf_counter()
@@ -93,14 +99,21 @@ class RankingService:
         return self._result(logits, found.outcome, timings)
 
     async def _create(
-        self, key: CacheKey, user: UserFeatures, chain: list[str], timings: dict[str, float]
+        self, key: CacheKey, user: UserInput, chain: list[str], timings: dict[str, float]
     ) -> Created:
         """Extend the longest cached prefix of the user's events, else encode them all."""
-        prefix = await self.cache.find_prefix(key, chain)
+        model = self.model
+        prefix = None
+        if isinstance(model, Extendable) and self.settings.incremental != "off":
+            prefix = await self.cache.find_prefix(key, chain)
         t = time.perf_counter()
-        if prefix is not None and self._may_extend(prefix.kv, len(user.events) - prefix.events):
-            new_events = user.events.slice(prefix.events)
-            kv = await self.runner.run(self.model.extend_user, prefix.kv, new_events)
+        if (
+            prefix is not None
+            and isinstance(model, Extendable)
+            and self._may_extend(model, prefix.kv, len(user) - prefix.events)
+        ):
+            new_events = user.slice(prefix.events)
+            kv = await self.runner.run(model.extend_user, prefix.kv, new_events)
             timings["extend"] = _ms(t)
             self.metrics.encodes["incremental"].inc()
             return Created(kv, Outcome.INCREMENTAL)
@@ -109,11 +122,12 @@ class RankingService:
         self.metrics.encodes["full"].inc()
         return Created(kv, Outcome.MISS)
 
-    def _may_extend(self, kv: UserKV, n_new: int) -> bool:
+    def _may_extend(self, model: Extendable, kv: UserKV, n_new: int) -> bool:
         mode = self.settings.incremental
         if mode == "exact":
-            return self.model.extend_is_exact(kv, n_new)
-        return mode == "approximate" and not self.model.refresh_due(kv, self.settings.refresh_every)
+            return model.extend_is_exact(kv, n_new)
+        # approximate: extend until the drift bound asks for a full re-encode
+        return mode == "approximate" and kv.increments < self.settings.refresh_every
 
     def _result(self, logits: Tensor, outcome: Outcome, timings: dict[str, float]) -> ScoreResult:
         self.metrics.observe_request(outcome.value, timings)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvrank.cache import sequence_chain
 from kvrank.model.config import ModelConfig
 from kvrank.model.inputs import Candidates, Events, UserFeatures
+from kvrank.model.onetrans import feature_spec, from_features
 from kvrank.model.ranker import RankerModel
 
 
@@ -47,6 +49,10 @@ class Factory:
             torch.randint(0, cfg.n_categories, (c,), generator=g),
             torch.randn(c, cfg.cand_dense, generator=g),
         )
+
+    def chain(self, user: UserFeatures, fingerprint: str, cfg: ModelConfig) -> list[str]:
+        """The sequence hash chain the server computes for a built-in model's user."""
+        return sequence_chain(from_features(user), fingerprint, feature_spec(cfg))
 
     def model(self, cfg: ModelConfig, seed: int = 0, version: str = "test") -> RankerModel:
         torch.manual_seed(seed)
@@ -138,3 +144,27 @@ def spawn_redis(tmp_path: Path) -> Iterator[Callable[[], RedisProcess]]:
     yield spawn
     for s in started:
         s.stop()
+
+
+# --------------------------------------------------------------------------- plugins
+import model_plugins  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def broken_plugins() -> dict[str, tuple[type, str]]:
+    """The deliberately broken architectures, registered in this process."""
+    model_plugins.register_broken()
+    return model_plugins.BROKEN
+
+
+@pytest.fixture(scope="session")
+def sasrec_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return model_plugins.save_sasrec(tmp_path_factory.mktemp("sasrec") / "m")
+
+
+@pytest.fixture(scope="session")
+def sasrec_tail_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example plugin with positions from the newest event: it cannot extend."""
+    return model_plugins.save_sasrec(
+        tmp_path_factory.mktemp("sasrec-tail") / "m", positions="from_newest"
+    )

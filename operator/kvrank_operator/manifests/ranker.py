@@ -115,16 +115,22 @@ def deployment(
                         "prometheus.io/port": str(spec.port),
                     },
                 },
-                "spec": ranker_pod(spec, instance, version, uri, sha256),
+                "spec": ranker_pod(spec, instance, version, uri, sha256, role),
             },
         },
     }
 
 
 def ranker_pod(
-    spec: RankerSpec, instance: str, version: str, uri: str, sha256: str | None = None
+    spec: RankerSpec,
+    instance: str,
+    version: str,
+    uri: str,
+    sha256: str | None = None,
+    role: str = "stable",
 ) -> dict[str, Any]:
-    """The pod of one version: spread over nodes, the user's scheduling knobs applied."""
+    """The pod of one version (its role's image): spread over nodes, the user's scheduling
+    knobs applied."""
     volumes, mounts = _volumes(spec, instance)
     knobs = spec.model.pod
     security = restricted_pod(knobs.run_as_user or RANKER_UID, fs_group=RANKER_UID)
@@ -134,7 +140,9 @@ def ranker_pod(
         security["fsGroup"] = knobs.fs_group
     pod: dict[str, Any] = {
         "securityContext": security,
-        "containers": [_container(spec, _env(spec, version, uri, sha256), mounts)],
+        "containers": [
+            _container(spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts)
+        ],
         "volumes": volumes,
         "topologySpreadConstraints": [
             {
@@ -163,8 +171,12 @@ def ranker_pod(
 def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[dict[str, Any]]:
     """The ranker's settings that differ per version (the rest is in the config file)."""
     checksum = [{"name": "KVRANK_MODEL_SHA256", "value": sha256}] if sha256 else []
+    # a pod given a GPU computes on it, and exits saying so when it cannot see one; without
+    # one the ranker's own default (auto) applies. model.env comes last and may override it.
+    device = [{"name": "KVRANK_DEVICE", "value": "cuda"}] if spec.model.requests_gpu else []
     return [
         *checksum,
+        *device,
         {"name": "KVRANK_MODEL_DIR", "value": uri},
         {"name": "KVRANK_NAMESPACE", "value": namespace_for(version)},
         {"name": "KVRANK_MODEL_VERSION", "value": version},
@@ -206,11 +218,11 @@ def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], lis
 
 
 def _container(
-    spec: RankerSpec, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
+    spec: RankerSpec, image: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {
         "name": "ranker",
-        "image": spec.model.image,
+        "image": image,
         "args": ["serve"],
         "ports": [
             {"name": "http", "containerPort": spec.port},

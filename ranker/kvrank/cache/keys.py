@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # keys stay importable without torch (admin tools only need names)
-    from kvrank.model.inputs import UserFeatures
+    from torch import Tensor
+
+    from kvrank.model.contract import FeatureSpec, UserInput
 
 PREFIX = "kvrank"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -108,31 +110,30 @@ def _digest(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def sequence_chain(user: UserFeatures, fingerprint: str) -> list[str]:
+def sequence_chain(user: UserInput, fingerprint: str, spec: FeatureSpec) -> list[str]:
     """Chain values after 0, 1, …, n events (``n + 1`` hex strings).
 
-    Value ``i`` covers the fingerprint, the profile/context/dense features and events
-    ``0..i-1``; the last value is the request's ``seq_hash``.
+    Value ``i`` covers the fingerprint, every user column and events ``0..i-1`` (each
+    event: its id columns as little-endian int64, then its dense columns as float32, in the
+    spec's order); the last value is the request's ``seq_hash``. Every column the spec
+    declares is hashed, so nothing a model reads can change without changing the key.
     """
-    ev = user.events
     base = _digest(
         fingerprint.encode(),
-        user.profile_ids.cpu().numpy().astype("<i8").tobytes(),
-        user.context_ids.cpu().numpy().astype("<i8").tobytes(),
-        user.dense.cpu().numpy().astype("<f4").tobytes(),
+        *(_bytes(user.user[c.name], c.kind) for c in spec.user),
     )
-    columns = np.stack(
-        [
-            ev.item_ids.cpu().numpy(),
-            ev.categories.cpu().numpy(),
-            ev.actions.cpu().numpy(),
-            ev.gaps.cpu().numpy(),
-        ],
-        axis=1,
-    ).astype("<i8")
-    dense = ev.dense.cpu().numpy().astype("<f4")
+    n = len(user)
+    ids = [user.events[c.name].cpu().numpy() for c in spec.sequence if c.kind == "id"]
+    dense = [user.events[c.name].cpu().numpy() for c in spec.sequence if c.kind == "dense"]
+    id_rows = np.stack(ids, axis=1).astype("<i8")
+    dense_rows = np.concatenate(dense, axis=1).astype("<f4") if dense else np.zeros((n, 0), "<f4")
     chain, value = [base.hex()], base
-    for i in range(len(ev)):
-        value = _digest(value, columns[i].tobytes(), dense[i].tobytes())
+    for i in range(n):
+        value = _digest(value, id_rows[i].tobytes(), dense_rows[i].tobytes())
         chain.append(value.hex())
     return chain
+
+
+def _bytes(t: Tensor, kind: str) -> bytes:
+    values = t.cpu().numpy()
+    return values.astype("<i8" if kind == "id" else "<f4").tobytes()

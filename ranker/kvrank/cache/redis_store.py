@@ -206,6 +206,12 @@ class RedisStore:
         if data is UNAVAILABLE or not data:
             self.stats.misses += 1
             return None
+        if not isinstance(data, bytes | bytearray | memoryview):
+            # a reply that is not a value: seen from the cluster client while a node fails
+            # over (another command's answer on a reused connection); a miss, never a crash
+            log.warning("redis GET answered a %s, not bytes: a miss", type(data).__name__)
+            self.stats.misses += 1
+            return None
         self.stats.hits += 1
         self._seen(len(data))
         return bytes(data)

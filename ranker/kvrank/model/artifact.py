@@ -1,8 +1,11 @@
 """Model artifacts: ``config.json`` + ``model.safetensors`` (no pickle anywhere).
 
-``config.json`` holds the :class:`ModelConfig`, the model version string and a format
-number; weights are loaded with safetensors and ``load_state_dict(strict=True)``, so a
-file that does not match the config is an :class:`ArtifactError`, never a partial model.
+``config.json`` holds a format number, the model version string and the model's config.
+Format 1 is the built-in ranker (a :class:`ModelConfig`); format 2 names an architecture and
+the distribution + version that provides it (:mod:`kvrank.model.registry`), whose builder
+makes the model: an artifact carries weights and config, never code. Weights are loaded with
+safetensors and ``load_state_dict(strict=True)``, so a file that does not match the config
+is an :class:`ArtifactError`, never a partial model.
 An artifact lives in a directory, or behind an ``http(s)://`` URL (the directory's two
 files under it), which :func:`resolve_artifact` downloads once into a local cache. When the
 deployment names the weights' SHA-256, a download that does not match is never cached and
@@ -18,7 +21,9 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -26,10 +31,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from kvrank.errors import ArtifactError
-from kvrank.model.config import ModelConfig
+from kvrank.model import onetrans, registry
+from kvrank.model.contract import CacheableRanker
 from kvrank.model.ranker import RankerModel
 
 ARTIFACT_FORMAT = 1
+"""The built-in ranker's format (still written for it: such an artifact names no version of
+kvrank, so upgrading kvrank never refuses it)."""
+PLUGIN_FORMAT = 2
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 MAX_DOWNLOAD_BYTES = 64 * 2**30
@@ -60,27 +69,110 @@ def _umask() -> int:
     return mask
 
 
+def save_ranker(
+    model: CacheableRanker,
+    directory: Path,
+    architecture: str,
+    config: Mapping[str, Any],
+    extra: dict[str, object] | None = None,
+) -> Path:
+    """Write a model of a registered ``architecture`` built from ``config`` (format 2, naming
+    the distribution and version that provide the architecture here)."""
+    if architecture == onetrans.ARCHITECTURE and isinstance(model, onetrans.OneTransRanker):
+        return save_model(model.net, directory, extra)
+    arch = registry.get(architecture)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.module.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_FILE))
+    (directory / WEIGHTS_FILE).chmod(0o666 & ~_umask())
+    doc = {
+        "format": PLUGIN_FORMAT,
+        "architecture": architecture,
+        "provider": {"distribution": arch.distribution, "version": arch.version},
+        "model_version": model.version,
+        "config": dict(config),
+        "extra": extra or {},
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    return directory
+
+
 def load_model(directory: Path, device: str | torch.device = "cpu") -> RankerModel:
-    """Load an artifact written by :func:`save_model`, in eval mode on ``device``."""
+    """Load a built-in ranker artifact written by :func:`save_model`, in eval mode on
+    ``device`` (any architecture: :func:`load_ranker`)."""
+    model = load_ranker(directory, device)
+    if not isinstance(model, onetrans.OneTransRanker):
+        raise ArtifactError(
+            f"model artifact {directory}: not the built-in ranker (use load_ranker)"
+        )
+    return model.net
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The artifact's ``config.json``, checked for the fields its format needs."""
     cfg_path, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (cfg_path, weights):
         if not path.is_file():
             raise ArtifactError(f"model artifact {directory}: missing {path.name}")
     try:
         doc = json.loads(cfg_path.read_text())
-        if doc.get("format") != ARTIFACT_FORMAT:
-            raise ArtifactError(f"{cfg_path}: format {doc.get('format')!r} != {ARTIFACT_FORMAT}")
-        cfg = ModelConfig.model_validate(doc["config"])
-        version = str(doc["model_version"])
-    except (ValueError, KeyError, ValidationError) as exc:
-        raise ArtifactError(f"{cfg_path}: invalid config: {exc}") from exc
-    model = RankerModel(cfg, version=version)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        fmt = doc.get("format")
+        if fmt not in (ARTIFACT_FORMAT, PLUGIN_FORMAT):
+            raise ArtifactError(
+                f"{cfg_path}: format {fmt!r} is not {ARTIFACT_FORMAT} or {PLUGIN_FORMAT}"
+            )
+        required = ["model_version", "config"]
+        if fmt == PLUGIN_FORMAT:
+            required += ["architecture", "provider"]
+        for key in required:
+            if key not in doc:
+                raise KeyError(key)
+        if not isinstance(doc["config"], dict):
+            raise ValueError("config is not a JSON object")
+    except (ValueError, KeyError) as exc:
+        raise ArtifactError(f"{cfg_path}: invalid config: {exc!r}") from exc
+    return doc
+
+
+def load_ranker(directory: Path, device: str | torch.device = "cpu") -> CacheableRanker:
+    """Build the artifact's model with its architecture's installed builder, load its
+    weights strictly and put it in eval mode on ``device``."""
+    doc = read_config(directory)
+    version = str(doc["model_version"])
+    if doc["format"] == ARTIFACT_FORMAT:
+        try:
+            model: CacheableRanker = onetrans.build(doc["config"], version)
+        except ValidationError as exc:
+            raise ArtifactError(f"{directory / CONFIG_FILE}: invalid config: {exc}") from exc
+    else:
+        arch = registry.get(str(doc["architecture"]))
+        _check_provider(arch, doc["provider"], directory)
+        model = registry.build(arch, doc["config"], version)
+    weights = directory / WEIGHTS_FILE
     try:
         state = load_file(str(weights), device="cpu")
-        model.load_state_dict(state, strict=True)
+        model.module.load_state_dict(state, strict=True)
     except (SafetensorError, RuntimeError) as exc:
         raise ArtifactError(f"{weights}: weights do not match the config: {exc}") from exc
-    return model.to(device).eval()
+    model.module.to(device).eval()
+    return model
+
+
+def _check_provider(arch: registry.Architecture, provider: object, directory: Path) -> None:
+    """The artifact must be loaded by the distribution and version that wrote it: another
+    version's code may read the same weights differently."""
+    if not isinstance(provider, dict):
+        raise ArtifactError(f"{directory / CONFIG_FILE}: provider is not a JSON object")
+    want = (provider.get("distribution"), provider.get("version"))
+    have = (arch.distribution, arch.version)
+    if want != have:
+        raise ArtifactError(
+            f"model artifact {directory}: architecture {arch.name!r} was written by"
+            f" {want[0]} {want[1]}, but this image has {have[0]} {have[1]};"
+            " serve it from an image with that version installed"
+        )
 
 
 def is_url(location: str) -> bool:

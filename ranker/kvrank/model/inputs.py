@@ -15,6 +15,8 @@ from torch import Tensor
 
 from kvrank.errors import InputError
 from kvrank.model.config import ModelConfig
+from kvrank.model.features import check_dense as _dense
+from kvrank.model.features import check_ids as _ids
 
 
 @dataclass(frozen=True)
@@ -103,30 +105,3 @@ class Candidates:
 
     def select(self, index: Tensor | slice) -> Candidates:
         return Candidates(self.item_ids[index], self.categories[index], self.dense[index])
-
-
-def _shape(t: Tensor, field: str, shape: tuple[int, ...]) -> None:
-    if not isinstance(t, Tensor):
-        raise InputError(field, f"expected a tensor, got {type(t).__name__}")
-    if tuple(t.shape) != shape:
-        raise InputError(field, f"shape {tuple(t.shape)} does not match expected {shape}")
-
-
-def _ids(t: Tensor, field: str, shape: tuple[int, ...], limit: int | None) -> None:
-    _shape(t, field, shape)
-    if t.dtype != torch.int64:
-        raise InputError(field, f"dtype {t.dtype} is not int64")
-    if t.numel() == 0:
-        return
-    if int(t.min()) < 0:
-        raise InputError(field, f"id {int(t.min())} is negative; ids must be >= 0")
-    if limit is not None and int(t.max()) >= limit:
-        raise InputError(field, f"id {int(t.max())} is out of range [0, {limit})")
-
-
-def _dense(t: Tensor, field: str, shape: tuple[int, ...]) -> None:
-    _shape(t, field, shape)
-    if not t.is_floating_point():
-        raise InputError(field, f"dtype {t.dtype} is not a floating type")
-    if t.numel() and not bool(torch.isfinite(t).all()):
-        raise InputError(field, "contains NaN or infinite values")

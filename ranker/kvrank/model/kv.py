@@ -1,10 +1,12 @@
 """``UserKV``: the cached user-side Keys/Values, their INT8 form and their byte format.
 
-A ``UserKV`` holds, per cached layer, the K/V rows of the user-sequence tokens entering
-that layer followed by the rows of the non-sequential (NS) tokens, plus the NS token
-inputs so that :meth:`RankerModel.extend_user` can recompute the NS rows. Storage dtype is
-fp32, bf16, fp16 or int8; int8 is symmetric with per-channel scales for K and per-token
-scales for V (as in KIVI) and is dequantised on use.
+A ``UserKV`` holds, per cached layer, the K/V rows ``[rows, heads, head_dim]`` a model's
+candidates attend to (K and V may differ in heads and width; they share the rows), plus
+named extra tensors a model keeps for itself (the built-in ranker keeps the inputs of its
+non-sequential tokens there, so that ``extend_user`` can recompute their rows). Models build
+one with :meth:`UserKV.build`; kvrank owns everything after that. Storage dtype is fp32,
+bf16, fp16 or int8; int8 is symmetric with per-channel scales for K and per-token scales for
+V (as in KIVI) and is dequantised on use; extras keep their own dtype.
 
 Bytes are safetensors (no pickle); metadata carries the model fingerprint, version and
 lengths. Reading them copies nothing: on the CPU each tensor is a read-only view on the
@@ -26,7 +28,9 @@ from torch import Tensor
 from kvrank.errors import CorruptEntryError
 from kvrank.model.config import KVDType
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+READABLE_FORMATS = ("1", "2")
+"""Format 1 kept its one extra tensor as ``ns_input``; it reads as ``extras["ns_input"]``."""
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -39,8 +43,10 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "BF16": torch.bfloat16,
     "F16": torch.float16,
     "I8": torch.int8,
+    "I32": torch.int32,
+    "I64": torch.int64,
 }
-"""The safetensors dtypes a ``UserKV`` is written with (K/V, INT8 scales, NS inputs)."""
+"""The safetensors dtypes a ``UserKV`` is read with (K/V, INT8 scales, a model's extras)."""
 
 
 @dataclass(frozen=True)
@@ -93,33 +99,61 @@ class UserKV:
     model_version: str
     fingerprint: str
     kv_dtype: KVDType
-    length: int  # real user-sequence events in the window (<= max_events)
+    length: int  # real user-sequence events in the window (<= the model's window)
     increments: int  # extend_user calls since the last full encode
     layers: dict[int, LayerKV]
-    ns_input: Tensor  # [ns_tokens, d_model], inputs of the NS tokens (for extend_user)
+    extras: dict[str, Tensor] = field(default_factory=dict)
+    """Named tensors the model keeps with the state (never quantised)."""
     meta: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def build(
+        *,
+        model_version: str,
+        fingerprint: str,
+        kv: dict[int, tuple[Tensor, Tensor]],
+        length: int,
+        kv_dtype: KVDType,
+        increments: int = 0,
+        extras: dict[str, Tensor] | None = None,
+    ) -> UserKV:
+        """The state of per-layer ``(k, v)`` (each ``[rows, heads, head_dim]``) stored in
+        ``kv_dtype``: what a model's ``encode_user`` returns."""
+        return UserKV(
+            model_version=model_version,
+            fingerprint=fingerprint,
+            kv_dtype=kv_dtype,
+            length=length,
+            increments=increments,
+            layers={i: quantize_layer(k, v, kv_dtype) for i, (k, v) in kv.items()},
+            extras={name: t.detach() for name, t in (extras or {}).items()},
+        )
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every tensor held, scales and NS inputs included."""
-        return sum(lk.nbytes for lk in self.layers.values()) + (
-            self.ns_input.numel() * self.ns_input.element_size()
+        """Bytes of every tensor held, scales and extras included."""
+        return sum(lk.nbytes for lk in self.layers.values()) + sum(
+            t.numel() * t.element_size() for t in self.extras.values()
         )
 
     @property
     def device(self) -> torch.device:
-        return self.ns_input.device
+        for lk in self.layers.values():
+            return lk.k.device
+        return torch.device("cpu")
 
     def to(self, device: torch.device | str) -> UserKV:
         return replace(
             self,
             layers={i: lk.to(device) for i, lk in self.layers.items()},
-            ns_input=self.ns_input.to(device),
+            extras={name: t.to(device) for name, t in self.extras.items()},
         )
 
     def to_bytes(self) -> bytes:
         """Pickle-free serialisation: safetensors with a JSON header in its metadata."""
-        tensors: dict[str, Tensor] = {"ns_input": self.ns_input.contiguous().cpu()}
+        tensors: dict[str, Tensor] = {
+            f"x.{name}": t.contiguous().cpu() for name, t in self.extras.items()
+        }
         for i, lk in self.layers.items():
             tensors[f"l{i}.k"] = lk.k.contiguous().cpu()
             tensors[f"l{i}.v"] = lk.v.contiguous().cpu()
@@ -134,6 +168,7 @@ class UserKV:
             "length": self.length,
             "increments": self.increments,
             "layers": sorted(self.layers),
+            "extras": sorted(self.extras),
             "meta": self.meta,
         }
         return st_save(tensors, metadata={"kvrank": json.dumps(header)})
@@ -148,7 +183,7 @@ class UserKV:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(f"unreadable K/V payload: {exc}") from exc
         try:
-            if header["format"] != FORMAT_VERSION:
+            if header["format"] not in READABLE_FORMATS:
                 raise CorruptEntryError(f"format {header['format']!r} != {FORMAT_VERSION}")
             kv_dtype = header["kv_dtype"]
             if kv_dtype not in TORCH_DTYPES:
@@ -163,6 +198,10 @@ class UserKV:
                 )
                 _check_layer(lk, kv_dtype, i)
                 layers[int(i)] = lk.to(device)
+            if header["format"] == "1":
+                extras = {"ns_input": tensors["ns_input"].to(device)}
+            else:
+                extras = {str(n): tensors[f"x.{n}"].to(device) for n in header["extras"]}
             return UserKV(
                 model_version=str(header["model_version"]),
                 fingerprint=str(header["fingerprint"]),
@@ -170,7 +209,7 @@ class UserKV:
                 length=int(header["length"]),
                 increments=int(header["increments"]),
                 layers=layers,
-                ns_input=tensors["ns_input"].to(device),
+                extras=extras,
                 meta={str(k): str(v) for k, v in header.get("meta", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -212,9 +251,9 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
 
 
 def _check_layer(lk: LayerKV, kv_dtype: str, i: int) -> None:
-    if lk.k.shape != lk.v.shape or lk.k.dim() != 3:
+    if lk.k.dim() != 3 or lk.v.dim() != 3 or lk.k.shape[0] != lk.v.shape[0]:
         raise CorruptEntryError(f"layer {i}: k {tuple(lk.k.shape)} / v {tuple(lk.v.shape)}")
-    if lk.k.dtype != TORCH_DTYPES[kv_dtype]:
+    if lk.k.dtype != TORCH_DTYPES[kv_dtype] or lk.v.dtype != lk.k.dtype:
         raise CorruptEntryError(f"layer {i}: dtype {lk.k.dtype} is not {kv_dtype}")
     if (kv_dtype == "int8") != (lk.k_scale is not None and lk.v_scale is not None):
         raise CorruptEntryError(f"layer {i}: scales do not match kv_dtype {kv_dtype}")

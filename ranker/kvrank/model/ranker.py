@@ -25,7 +25,7 @@ from kvrank.errors import IncompatibleKVError
 from kvrank.model.config import KVDType, ModelConfig
 from kvrank.model.embed import FeatureEmbedder
 from kvrank.model.inputs import Candidates, Events, UserFeatures
-from kvrank.model.kv import TORCH_DTYPES, UserKV, quantize_layer
+from kvrank.model.kv import TORCH_DTYPES, UserKV
 from kvrank.model.layers import (
     CandidateBias,
     GroupBlock,
@@ -44,6 +44,9 @@ SCORE_CHUNK = 128
 
 FULL_CHUNK = 32
 """Sequences per batch in the batched no-cache reference."""
+
+NS_INPUT = "ns_input"
+"""The extra a ``UserKV`` of this model keeps: its NS tokens' inputs (for ``extend_user``)."""
 
 DEFAULT_REFRESH_EVERY = 50
 """Full re-encode after this many ``extend_user`` calls (see docs/benchmarks.md, drift)."""
@@ -112,7 +115,7 @@ class RankerModel(nn.Module):
         new_events.validate(self.cfg, "new_events")
         cfg = self.cfg
         x_new = self.embed.events(*self._event_tensors(new_events))[None, -cfg.max_events :]
-        x_ns = user_kv.ns_input.to(self.device, self.dtype)[None]
+        x_ns = user_kv.extras[NS_INPUT].to(self.device, self.dtype)[None]
         length = min(user_kv.length + len(new_events), cfg.max_events)
         out: KVLayers = {}
         for layer in range(cfg.n_layers):
@@ -132,7 +135,8 @@ class RankerModel(nn.Module):
             a = self._attend(q, k, v, r - m, valid)
             x_new = seq_blk.finish(x_new[:, k_l - m :], a[:, :m])
             x_ns = ns_blk.finish(x_ns, a[:, m:])
-        return self._pack(out, user_kv.kv_dtype, length, user_kv.increments + 1, user_kv.ns_input)
+        ns_input = user_kv.extras[NS_INPUT]
+        return self._pack(out, user_kv.kv_dtype, length, user_kv.increments + 1, ns_input)
 
     @torch.no_grad()
     def score(self, user_kv: UserKV, candidates: Candidates) -> Tensor:
@@ -457,13 +461,12 @@ class RankerModel(nn.Module):
         increments: int,
         ns_input: Tensor,
     ) -> UserKV:
-        dtype = kv_dtype or self.cfg.compute_dtype
-        return UserKV(
+        return UserKV.build(
             model_version=self.version,
             fingerprint=self.cfg.fingerprint(),
-            kv_dtype=dtype,
+            kv={i: (k[0], v[0]) for i, (k, v, _) in layers.items()},
             length=length,
+            kv_dtype=kv_dtype or self.cfg.compute_dtype,
             increments=increments,
-            layers={i: quantize_layer(k[0], v[0], dtype) for i, (k, v, _) in layers.items()},
-            ns_input=ns_input.detach(),
+            extras={NS_INPUT: ns_input},
         )

@@ -21,8 +21,10 @@ import torch
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvrank.cache import (
@@ -35,14 +37,17 @@ from kvrank.cache import (
     TieredCache,
     TTLSettings,
 )
-from kvrank.errors import ArtifactError, IncompatibleKVError, InputError
+from kvrank.errors import ArtifactError, IncompatibleKVError, InputError, KvrankError
 from kvrank.metrics import Metrics
-from kvrank.model.artifact import load_model, resolve_artifact
+from kvrank.model.artifact import load_ranker, resolve_artifact
+from kvrank.model.checks import CheckPlan, check_model
+from kvrank.model.device import resolve_device
+from kvrank.model.features import example_candidates, example_user
 from kvrank.runner import model_thread
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
 from kvrank.server.edge import BodyTooLarge, Edge, error_body
-from kvrank.server.schemas import InvalidateResponse, ScoreRequest, ScoreResponse
+from kvrank.server.schemas import InvalidateResponse, ScoreResponse, request_model, to_inputs
 from kvrank.server.shadow import SHADOW_HEADER, ShadowConfig, ShadowMirror
 from kvrank.service import RankingService, ServiceSettings
 
@@ -59,19 +64,40 @@ class AppState:
     shadow_config: ShadowConfig | None = None
     """The shadow section in force (reloaded with the file)."""
     shadow: ShadowMirror | None = None
+    startup_error: str | None = None
+    """Why the model was refused at start (artifact, device or a failed check)."""
+    request_model: type[BaseModel] = BaseModel
+    """The ``/v1/score`` body of the loaded model (set before ready)."""
 
 
 def build_service(cfg: ServerConfig) -> RankingService:
     """Everything a server needs; runs on the model thread (see :mod:`kvrank.runner`)."""
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
+    device = resolve_device(cfg.device)
     local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
-    model = load_model(local, cfg.device)
+    model = load_ranker(local, device)
     if cfg.model_version is not None and model.version != cfg.model_version:
         raise ArtifactError(
             f"the artifact at {cfg.model_dir} is model version {model.version!r},"
             f" expected model_version={cfg.model_version!r}"
         )
+    if cfg.kv_dtype is not None and cfg.kv_dtype not in model.kv_dtypes:
+        raise ArtifactError(
+            f"kv_dtype={cfg.kv_dtype!r}: this model offers {sorted(model.kv_dtypes)} only"
+        )
+    log.info("model %s loaded on %s (%s)", model.version, device, type(model).__name__)
+    if cfg.check_model:
+        plan = CheckPlan(
+            thorough=False,  # the shapes that matter; `kvrank check-model` tries them all
+            kv_dtypes=(cfg.kv_dtype,) if cfg.kv_dtype else (),
+            score_many=cfg.microbatch_ms > 0,
+            extend=cfg.incremental != "off",
+        )
+        report = check_model(model, plan)
+        for r in report.results:
+            log.info("model check %s: %s (%s)", r.name, "ok" if r.passed else "FAILED", r.detail)
+        report.raise_for_failure()
     l2 = None
     if cfg.redis.url:
         l2 = RedisStore(
@@ -87,8 +113,8 @@ def build_service(cfg: ServerConfig) -> RankingService:
     cache_settings = CacheSettings(
         cfg.namespace,
         model.version,
-        model.cfg.fingerprint(),
-        cfg.device,
+        model.fingerprint(),
+        str(device),
         lock_wait_s=cfg.lock_wait_ms / 1e3,
     )
     cache = TieredCache(cache_settings, L1Store(cfg.l1_bytes), l2, AdaptiveTTL(cfg.ttl))
@@ -99,7 +125,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
         cache_mode=cfg.cache_mode,
         microbatch_ms=cfg.microbatch_ms,
     )
-    metrics = Metrics(model.version, cfg.namespace)
+    metrics = Metrics(model.version, cfg.namespace, device=str(device))
     metrics.registry.register(CacheCollector(cache))
     return RankingService(model, cache, settings, metrics)
 
@@ -108,27 +134,9 @@ async def _warm_up(service: RankingService) -> None:
     """One encode and one score, and the L2 connection (a Redis Cluster client discovers its
     slots on first use), so the first real request does not pay for lazy init and does not
     miss L2 because discovery overran the per-operation timeout."""
-    from kvrank.model.inputs import Candidates, Events, UserFeatures
-
-    cfg = service.model.cfg
-    ev = Events(
-        torch.zeros(1, dtype=torch.int64),
-        torch.zeros(1, dtype=torch.int64),
-        torch.zeros(1, dtype=torch.int64),
-        torch.zeros(1, dtype=torch.int64),
-        torch.zeros(1, cfg.event_dense),
-    )
-    user = UserFeatures(
-        ev,
-        torch.zeros(cfg.profile_fields, dtype=torch.int64),
-        torch.zeros(cfg.context_fields, dtype=torch.int64),
-        torch.zeros(cfg.user_dense),
-    )
-    cands = Candidates(
-        torch.zeros(2, dtype=torch.int64),
-        torch.zeros(2, dtype=torch.int64),
-        torch.zeros(2, cfg.cand_dense),
-    )
+    gen = torch.Generator().manual_seed(0)
+    user = example_user(service.features, 1, gen)
+    cands = example_candidates(service.features, 2, gen)
     kv = await service.runner.run(service.model.encode_user, user)
     await service.runner.run(service.model.score, kv, cands)
     if not await service.cache.ping():
@@ -165,10 +173,15 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         if state.service is None:
             # on the model thread: loading runs torch too (see kvrank.runner)
             loop = asyncio.get_running_loop()
-            state.service = await loop.run_in_executor(model_thread(), build_service, cfg)
+            try:
+                state.service = await loop.run_in_executor(model_thread(), build_service, cfg)
+            except KvrankError as exc:  # a refused model: the process says why as it exits
+                state.startup_error = str(exc)
+                raise
         if cfg.config_file:
             with contextlib.suppress(OSError):
                 state.config_mtime = Path(cfg.config_file).stat().st_mtime
+        state.request_model = request_model(state.service.features)
         await _warm_up(state.service)
         state.shadow_config = cfg.shadow
         state.shadow = ShadowMirror(
@@ -188,6 +201,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
 
     app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
     app.state.kvrank = state
+    app.openapi = lambda: _openapi(app, state)  # type: ignore[method-assign]
 
     app.add_middleware(
         Edge,
@@ -220,12 +234,17 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         return _error(409, None, str(exc), request)
 
     @app.post("/v1/score", response_model=ScoreResponse)
-    async def score(body: ScoreRequest, request: Request) -> Response:
+    async def score(request: Request) -> Response:
+        # the body's schema is the loaded model's (see _openapi): parsed here, in one pass
         svc = _service(state)
-        request.state.user = user_hash(body.user_id)
-        cfg_m = svc.model.cfg
-        user, cands = body.to_features(cfg_m.event_dense, cfg_m.cand_dense)
-        result = await svc.score(body.user_id, user, cands)
+        try:
+            body = state.request_model.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from exc
+        user_id: str = body.user_id  # type: ignore[attr-defined]
+        request.state.user = user_hash(user_id)
+        user, cands = to_inputs(body, svc.features)
+        result = await svc.score(user_id, user, cands)
         request.state.cache = result.outcome.value
         request.state.candidates = len(result.scores)
         request.state.model_version = svc.model.version
@@ -252,7 +271,10 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     async def readyz() -> JSONResponse:
         if not state.ready:
             return JSONResponse({"status": "starting"}, status_code=503)
-        return JSONResponse({"status": "ready", "model_version": _service(state).model.version})
+        svc = _service(state)
+        return JSONResponse(
+            {"status": "ready", "model_version": svc.model.version, "device": str(svc.model.device)}
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -275,6 +297,26 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         return doc
 
     return app
+
+
+def _openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
+    """The OpenAPI document, with ``/v1/score``'s body the loaded model's request schema
+    (known once the model is: until then the route is listed without it)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    if state.service is None or state.request_model is BaseModel:
+        return doc
+    body = state.request_model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas |= body.pop("$defs", {})
+    schemas["ScoreRequest"] = body
+    doc["paths"]["/v1/score"]["post"]["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}},
+    }
+    app.openapi_schema = doc
+    return doc
 
 
 def _service(state: AppState) -> RankingService:

@@ -73,7 +73,17 @@ class ServerConfig(BaseSettings):
         description="SHA-256 of the artifact's model.safetensors: checked after download"
         " (a mismatch is never cached) and on a local directory.",
     )
-    device: str = "cpu"
+    device: str = Field(
+        "auto",
+        description="auto: CUDA when torch sees a GPU, else the CPU; cpu; cuda or cuda:N (the"
+        " pod exits when it has no GPU). The operator sets cuda for versions requesting"
+        " nvidia.com/gpu.",
+    )
+    check_model: bool = Field(
+        True,
+        description="Run the cacheability checks (kvrank check-model) at load, before ready;"
+        " a failure stops the server naming the check.",
+    )
     torch_threads: int = Field(
         0,
         ge=0,

@@ -26,6 +26,10 @@ from kvrank.server.config import ServerConfig
 log = logging.getLogger("kvrank.server")
 
 
+STARTUP_FAILED = 3
+"""Exit status of a server that did not start (the model was refused): uvicorn's own."""
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI, drain_delay_s: float) -> None:
         super().__init__(config)
@@ -65,7 +69,14 @@ def serve(cfg: ServerConfig) -> None:
     )
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
     sockets = [listening_socket(cfg.host, p) for p in ports]
-    DrainingServer(config, app, cfg.drain_delay_s).run(sockets=sockets)
+    server = DrainingServer(config, app, cfg.drain_delay_s)
+    server.run(sockets=sockets)
+    if not server.started:
+        # the last line is what Kubernetes shows as the pod's termination message (and the
+        # operator in RankersStarted): the reason, not uvicorn's "startup failed"
+        reason = app.state.kvrank.startup_error or "the server did not start"
+        log.error("kvrank serve: %s", reason)
+        raise SystemExit(STARTUP_FAILED)
 
 
 MMAP_THRESHOLD_MAX = 32 << 20

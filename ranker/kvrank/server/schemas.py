@@ -1,76 +1,86 @@
 """Request and response bodies of ``POST /v1/score``, with the limits that protect the server.
 
-Pydantic checks types, finiteness and bounds; :meth:`ScoreRequest.to_features` checks the
-cross-field lengths and names the offending field. Shapes specific to the loaded model
-(e.g. how many profile ids) are checked by the model and surface as 422 too.
+The request body is derived from the model's :class:`FeatureSpec` (:func:`request_model`):
+``user_id``, ``events`` (one list per sequence column), one field per user column and
+``candidates`` (one list per candidate column). For the built-in ranker that is the schema
+kvrank has always served. Pydantic checks types, finiteness and bounds;
+:func:`to_inputs` checks the cross-field lengths and names the offending field; id ranges
+and widths are checked against the spec (:mod:`kvrank.model.features`) and surface as 422 too.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from kvrank.errors import InputError
-from kvrank.model.inputs import Candidates, Events, UserFeatures
+from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
+from kvrank.model.features import candidates_from_lists, user_from_lists
 
 Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-MAX_EVENTS = 10_000
-MAX_CANDIDATES = 1_000
+USER_IDS_MAX = 64
+"""A user id column's list may be this long before its width is even checked."""
+USER_DENSE_MAX = 256
+_STRICT = ConfigDict(extra="forbid")
 
 
-class EventsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    item_ids: list[Id] = Field(min_length=1, max_length=MAX_EVENTS)
-    categories: list[Id] = Field(max_length=MAX_EVENTS)
-    actions: list[Id] = Field(max_length=MAX_EVENTS)
-    gaps: list[Id] = Field(max_length=MAX_EVENTS)
-    dense: list[list[Finite]] = Field(default_factory=list, max_length=MAX_EVENTS)
+def request_model(spec: FeatureSpec) -> type[BaseModel]:
+    """The ``ScoreRequest`` body of a model with ``spec`` (its OpenAPI schema too)."""
+    events = create_model(  # type: ignore[call-overload]
+        "EventsIn",
+        __config__=_STRICT,
+        **{
+            c.name: _rows(c, spec.max_request_events, first=i == 0)
+            for i, c in enumerate(spec.sequence)
+        },
+    )
+    candidates = create_model(  # type: ignore[call-overload]
+        "CandidatesIn",
+        __config__=_STRICT,
+        **{
+            c.name: _rows(c, spec.max_candidates, first=i == 0)
+            for i, c in enumerate(spec.candidate)
+        },
+    )
+    fields: dict[str, Any] = {
+        "user_id": (str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")),
+        "events": (events, ...),
+    }
+    fields |= {c.name: _user_field(c) for c in spec.user}
+    fields["candidates"] = (candidates, ...)
+    model: type[BaseModel] = create_model("ScoreRequest", __config__=_STRICT, **fields)  # type: ignore[call-overload]
+    return model
 
 
-class CandidatesIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    item_ids: list[Id] = Field(min_length=1, max_length=MAX_CANDIDATES)
-    categories: list[Id] = Field(max_length=MAX_CANDIDATES)
-    dense: list[list[Finite]] = Field(default_factory=list, max_length=MAX_CANDIDATES)
+def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
+    """A per-event / per-candidate column: a list of ids, or a list of rows of floats."""
+    if col.kind == "id":
+        kwargs: dict[str, Any] = {"max_length": limit, "description": col.description or None}
+        if first:
+            kwargs["min_length"] = 1
+        return list[Id], Field(**kwargs)
+    return list[list[Finite]], Field(
+        default_factory=list, max_length=limit, description=col.description or None
+    )
 
 
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    user_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    events: EventsIn
-    profile_ids: list[Id] = Field(default_factory=list, max_length=64)
-    context_ids: list[Id] = Field(default_factory=list, max_length=64)
-    user_dense: list[Finite] = Field(default_factory=list, max_length=256)
-    candidates: CandidatesIn
+def _user_field(col: Column) -> tuple[Any, Any]:
+    if col.kind == "id":
+        kind: Any = list[Id]
+        bound = max(col.width, USER_IDS_MAX)
+    else:
+        kind, bound = list[Finite], max(col.width, USER_DENSE_MAX)
+    return kind, Field(default_factory=list, max_length=bound, description=col.description or None)
 
-    def to_features(self, event_dense: int, cand_dense: int) -> tuple[UserFeatures, Candidates]:
-        ev, c = self.events, self.candidates
-        n = len(ev.item_ids)
-        for name in ("categories", "actions", "gaps"):
-            if len(getattr(ev, name)) != n:
-                raise InputError(
-                    f"events.{name}",
-                    f"has {len(getattr(ev, name))} values; events.item_ids has {n}",
-                )
-        if len(c.categories) != len(c.item_ids):
-            raise InputError(
-                "candidates.categories",
-                f"has {len(c.categories)} values; candidates.item_ids has {len(c.item_ids)}",
-            )
-        ev_dense = _matrix(ev.dense, n, event_dense, "events.dense")
-        c_dense = _matrix(c.dense, len(c.item_ids), cand_dense, "candidates.dense")
-        user = UserFeatures(
-            Events(
-                _ids(ev.item_ids), _ids(ev.categories), _ids(ev.actions), _ids(ev.gaps), ev_dense
-            ),
-            _ids(self.profile_ids),
-            _ids(self.context_ids),
-            torch.tensor(self.user_dense, dtype=torch.float32),
-        )
-        return user, Candidates(_ids(c.item_ids), _ids(c.categories), c_dense)
+
+def to_inputs(body: BaseModel, spec: FeatureSpec) -> tuple[UserInput, CandidateInput]:
+    """The request's user side and candidates as tensors (``InputError`` naming the field
+    when lengths disagree)."""
+    events = {c.name: getattr(body.events, c.name) for c in spec.sequence}  # type: ignore[attr-defined]
+    user = {c.name: getattr(body, c.name) for c in spec.user}
+    cands = {c.name: getattr(body.candidates, c.name) for c in spec.candidate}  # type: ignore[attr-defined]
+    return user_from_lists(spec, events, user), candidates_from_lists(spec, cands)
 
 
 class ScoreResponse(BaseModel):
@@ -86,16 +96,15 @@ class InvalidateResponse(BaseModel):
     removed: int
 
 
-def _ids(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def _matrix(rows: list[list[float]], n: int, width: int, field: str) -> torch.Tensor:
-    if width == 0 and not rows:
-        return torch.zeros(n, 0)
-    if len(rows) != n:
-        raise InputError(field, f"has {len(rows)} rows; expected {n}")
-    for i, row in enumerate(rows):
-        if len(row) != width:
-            raise InputError(f"{field}[{i}]", f"has {len(row)} values; the model expects {width}")
-    return torch.tensor(rows, dtype=torch.float32)
+def body_for(
+    spec: FeatureSpec, user_id: str, user: UserInput, cands: CandidateInput
+) -> dict[str, Any]:
+    """The JSON body of a request for ``user`` and ``cands`` (what :func:`to_inputs` reads):
+    how clients and the load tools build requests for any model."""
+    body: dict[str, Any] = {
+        "user_id": user_id,
+        "events": {c.name: user.events[c.name].tolist() for c in spec.sequence},
+    }
+    body |= {c.name: user.user[c.name].tolist() for c in spec.user}
+    body["candidates"] = {c.name: cands.columns[c.name].tolist() for c in spec.candidate}
+    return body

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from kvrank.model.artifact import load_model, save_model
+from kvrank.model.artifact import save_model
 from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import ProcessStack, scrape
 from kvrank.tools.replay import Result, replay, summarize, warm_up
-from kvrank.tools.workload import Workload, WorkloadSettings
+from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def run_load(
     settings = workload or prof.workload
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
     model_dir, origin = model_dir_for(model, tmp)
-    cfg = load_model(model_dir).cfg
+    cfg = workload_model(model_dir)
     with ProcessStack(tmp / "stack") as stack:
         redis_url = stack.start_redis()
         l2 = ["--redis", redis_url] if redis_url else []

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvrank.model.artifact import load_model
 from kvrank.tools.loadtest import PROFILES, model_dir_for
 from kvrank.tools.processes import ProcessStack, free_port, scrape
 from kvrank.tools.replay import replay, summarize
-from kvrank.tools.workload import Workload
+from kvrank.tools.workload import Workload, workload_model
 
 PODS = ("off", "off_again", "shadow", "canary_down")
 
@@ -67,7 +66,7 @@ def run_shadow_load(
     prof = PROFILES[profile]
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-shadow-")) if workdir is None else workdir
     model_dir, origin = model_dir_for(model, tmp)
-    cfg = load_model(model_dir).cfg
+    cfg = workload_model(model_dir)
     with ProcessStack(tmp / "stack") as stack:
         redis_url = stack.start_redis()
         l2 = ["--redis", redis_url] if redis_url else []

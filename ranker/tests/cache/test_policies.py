@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings, sequence_chain
+from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
 from kvrank.cache.ttl import IntervalTracker, clamp_ttl
@@ -32,18 +32,18 @@ def test_cache_key_round_trips_and_rejects_separators() -> None:
 
 def test_chain_recognises_prefixes_and_any_change(factory, tiny_cfg) -> None:
     user = factory.user(tiny_cfg, 10, 1)
-    chain = sequence_chain(user, "fp")
+    chain = factory.chain(user, "fp", tiny_cfg)
     assert len(chain) == 11
     longer = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 9)))
-    assert sequence_chain(longer, "fp")[: len(chain)] == chain  # prefix recognisable
-    assert sequence_chain(user, "other-model")[-1] != chain[-1]
+    assert factory.chain(longer, "fp", tiny_cfg)[: len(chain)] == chain  # prefix recognisable
+    assert factory.chain(user, "other-model", tiny_cfg)[-1] != chain[-1]
     from dataclasses import replace
 
     changed = replace(user, context_ids=user.context_ids + 1)
-    assert sequence_chain(changed, "fp")[-1] != chain[-1]
+    assert factory.chain(changed, "fp", tiny_cfg)[-1] != chain[-1]
     ev = user.events
     edited = user.with_events(replace(ev, actions=ev.actions.clone().fill_(0)))
-    assert sequence_chain(edited, "fp")[-1] != chain[-1]
+    assert factory.chain(edited, "fp", tiny_cfg)[-1] != chain[-1]
 
 
 def k(name: str) -> CacheKey:

@@ -18,7 +18,6 @@ from kvrank.cache import (
     RedisStore,
     TieredCache,
     encode_entry,
-    sequence_chain,
 )
 from kvrank.cache.redis_store import LockState
 
@@ -61,7 +60,7 @@ class Encoder:
 async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory, tiny_cfg):
     pod_a, pod_b = make_cache(), make_cache()
     user, cands = factory.user(tiny_cfg, 9, 1), factory.candidates(tiny_cfg, 4, 1)
-    key = pod_a.key("bob", sequence_chain(user, model.cfg.fingerprint())[-1])
+    key = pod_a.key("bob", factory.chain(user, model.cfg.fingerprint(), tiny_cfg)[-1])
     encode = Encoder(model, user)
     first = await pod_a.get_or_create(key, 9, encode)
     again = await pod_a.get_or_create(key, 9, encode)
@@ -223,14 +222,14 @@ async def test_find_prefix_extends_only_a_grown_history(make_cache, model, facto
     writer, reader = make_cache(), make_cache()
     fp = model.cfg.fingerprint()
     user = factory.user(tiny_cfg, 6, 7)
-    chain = sequence_chain(user, fp)
+    chain = factory.chain(user, fp, tiny_cfg)
     await writer.put(writer.key("u", chain[-1]), model.encode_user(user), 6)
     grown = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 8)))
-    grown_chain = sequence_chain(grown, fp)
+    grown_chain = factory.chain(grown, fp, tiny_cfg)
     prefix = await reader.find_prefix(reader.key("u", grown_chain[-1]), grown_chain)
     assert prefix is not None and prefix.events == 6  # found through L2's head
     other = factory.user(tiny_cfg, 9, 9)  # same user id, a different history
-    other_chain = sequence_chain(other, fp)
+    other_chain = factory.chain(other, fp, tiny_cfg)
     assert await reader.find_prefix(reader.key("u", other_chain[-1]), other_chain) is None
 
 

@@ -127,7 +127,9 @@ class ServerProcess:
 def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., ServerProcess]]:
     servers: list[ServerProcess] = []
 
-    def spawn(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    def spawn(
+        *args: str, env: dict[str, str] | None = None, artifact: Path = artifact
+    ) -> ServerProcess:
         s = ServerProcess(artifact, tmp_path, *args, env=env)
         servers.append(s)
         return s

@@ -277,6 +277,8 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_REDIS_TLS_CHECK_HOSTNAME": "false",
         "KVRANK_LOG_LEVEL": "DEBUG",
         "KVRANK_LOG_FORMAT": "text",
+        "KVRANK_CHECK_MODEL": "false",
+        "KVRANK_DEVICE": "cpu",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(

@@ -1,0 +1,172 @@
+"""A model's inputs, checked against its :class:`FeatureSpec`: the request's lists made into
+tensors, every tensor's shape, dtype, id range and finiteness, and example inputs.
+
+Every problem is an :class:`InputError` naming the field as a request spells it
+(``events.categories``, ``candidates.dense[3]``, ``profile_ids``) and the limit it broke, so
+the HTTP boundary maps it to 422 unchanged. Example inputs (random, from a seed) feed the
+warm-up, the load-time checks and the load generator. No model code runs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvrank.errors import InputError
+from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
+
+ANY_ID = 2**62
+"""Example ids of a column without a ``size`` are drawn below this (any id is valid)."""
+
+
+Values = Sequence[Any]
+"""A request's list for one column: ids, floats, or rows of floats."""
+
+
+def user_from_lists(
+    spec: FeatureSpec, events: Mapping[str, Values], user: Mapping[str, Values]
+) -> UserInput:
+    """A request's user side as tensors (lengths checked; ranges by :func:`check_user`)."""
+    first = spec.sequence[0].name
+    n = len(events[first])
+    seq = {c.name: _column(c, events.get(c.name, []), n, "events", first) for c in spec.sequence}
+    fixed = {c.name: _row(c, user.get(c.name, [])) for c in spec.user}
+    return UserInput(seq, fixed)
+
+
+def candidates_from_lists(spec: FeatureSpec, columns: Mapping[str, Values]) -> CandidateInput:
+    first = spec.candidate[0].name
+    c = len(columns[first])
+    return CandidateInput(
+        {
+            col.name: _column(col, columns.get(col.name, []), c, "candidates", first)
+            for col in spec.candidate
+        }
+    )
+
+
+def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tensor:
+    field = f"{group}.{col.name}"
+    if col.kind == "id":
+        if len(values) != n:
+            raise InputError(field, f"has {len(values)} values; {group}.{first} has {n}")
+        return torch.tensor(values, dtype=torch.int64)
+    if col.width == 0 and not values:
+        return torch.zeros(n, 0)
+    if len(values) != n:
+        raise InputError(field, f"has {len(values)} rows; expected {n}")
+    for i, row in enumerate(values):
+        if len(row) != col.width:
+            raise InputError(
+                f"{field}[{i}]", f"has {len(row)} values; the model expects {col.width}"
+            )
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def _row(col: Column, values: Values) -> Tensor:
+    dtype = torch.int64 if col.kind == "id" else torch.float32
+    return torch.tensor(list(values), dtype=dtype)
+
+
+def check_user(spec: FeatureSpec, user: UserInput) -> None:
+    """``InputError`` unless ``user`` holds exactly the spec's columns, well formed."""
+    _names(spec.sequence, user.events, "events")
+    _names(spec.user, user.user, "")
+    n = len(user)
+    if n == 0:
+        raise InputError(
+            f"events.{spec.sequence[0].name}", "the sequence is empty; at least 1 event needed"
+        )
+    for col in spec.sequence:
+        _check(col, user.events[col.name], f"events.{col.name}", n)
+    for col in spec.user:
+        check_ids_or_dense(user.user[col.name], col.name, col.kind, (col.width,), col.size)
+
+
+def check_candidates(spec: FeatureSpec, cands: CandidateInput) -> None:
+    _names(spec.candidate, cands.columns, "candidates")
+    c = len(cands)
+    if c == 0:
+        raise InputError(f"candidates.{spec.candidate[0].name}", "no candidates; at least 1 needed")
+    for col in spec.candidate:
+        _check(col, cands.columns[col.name], f"candidates.{col.name}", c)
+
+
+def _names(cols: tuple[Column, ...], given: Mapping[str, Tensor], group: str) -> None:
+    missing = [c.name for c in cols if c.name not in given]
+    if missing:
+        raise InputError(_field(group, missing[0]), "missing")
+    known = {c.name for c in cols}
+    extra = [name for name in given if name not in known]
+    if extra:
+        raise InputError(_field(group, extra[0]), "not a feature of this model")
+
+
+def _field(group: str, name: str) -> str:
+    return f"{group}.{name}" if group else name
+
+
+def _check(col: Column, t: Tensor, field: str, rows: int) -> None:
+    shape = (rows,) if col.kind == "id" else (rows, col.width)
+    check_ids_or_dense(t, field, col.kind, shape, col.size)
+
+
+def check_ids_or_dense(
+    t: Tensor, field: str, kind: str, shape: tuple[int, ...], limit: int | None
+) -> None:
+    if kind == "id":
+        check_ids(t, field, shape, limit)
+    else:
+        check_dense(t, field, shape)
+
+
+def _shape(t: Tensor, field: str, shape: tuple[int, ...]) -> None:
+    if not isinstance(t, Tensor):
+        raise InputError(field, f"expected a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise InputError(field, f"shape {tuple(t.shape)} does not match expected {shape}")
+
+
+def check_ids(t: Tensor, field: str, shape: tuple[int, ...], limit: int | None) -> None:
+    """int64 ids of ``shape``, each in ``[0, limit)`` (``[0, 2**63)`` without a limit)."""
+    _shape(t, field, shape)
+    if t.dtype != torch.int64:
+        raise InputError(field, f"dtype {t.dtype} is not int64")
+    if t.numel() == 0:
+        return
+    if int(t.min()) < 0:
+        raise InputError(field, f"id {int(t.min())} is negative; ids must be >= 0")
+    if limit is not None and int(t.max()) >= limit:
+        raise InputError(field, f"id {int(t.max())} is out of range [0, {limit})")
+
+
+def check_dense(t: Tensor, field: str, shape: tuple[int, ...]) -> None:
+    """Finite floats of ``shape``."""
+    _shape(t, field, shape)
+    if not t.is_floating_point():
+        raise InputError(field, f"dtype {t.dtype} is not a floating type")
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        raise InputError(field, "contains NaN or infinite values")
+
+
+def example_user(spec: FeatureSpec, n: int, generator: torch.Generator) -> UserInput:
+    """A random valid user with ``n`` events."""
+    seq = {c.name: _random(c, (n,), generator) for c in spec.sequence}
+    fixed = {c.name: _random(c, (), generator) for c in spec.user}
+    return UserInput(seq, fixed)
+
+
+def example_candidates(spec: FeatureSpec, c: int, generator: torch.Generator) -> CandidateInput:
+    """``c`` random valid candidates."""
+    return CandidateInput({col.name: _random(col, (c,), generator) for col in spec.candidate})
+
+
+def _random(col: Column, rows: tuple[int, ...], g: torch.Generator) -> Tensor:
+    """Rows of ``col``: ``rows=()`` is the user group's one row of ``width`` values."""
+    if col.kind == "id":
+        shape = rows if rows else (col.width,)
+        return torch.randint(0, col.size or ANY_ID, shape, generator=g)
+    return torch.randn(*rows, col.width, generator=g)
