@@ -91,7 +91,7 @@ cluster-up: venv services kube-bins ## Start the local cluster with its real nod
 cluster-down: ## Stop the cluster started by cluster-up and restore the host's network
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker, operator and redis images (needs a Docker engine; PYTHON_IMAGE= to change the base)
+images: ## Build the ranker, operator and redis images, and the example plugin's ranker image (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
@@ -100,6 +100,8 @@ images: ## Build the ranker, operator and redis images (needs a Docker engine; P
 	  -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
 	  -f images/redis/Dockerfile -t ghcr.io/kvrank/redis:$(IMAGE_TAG) images/redis
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
+	  -t ghcr.io/kvrank/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \

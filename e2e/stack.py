@@ -45,7 +45,7 @@ from localkube.processes import free_port, wait_for
 from localkube.tools import Cluster
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvrank.model.artifact import save_model
+from kvrank.model.artifact import save_model, save_ranker
 from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import free_port_pair, samples
@@ -85,9 +85,18 @@ SEEDS = {"v1": 0, "v2": 1, "v3": 2, "v2.1": 1}
 version (a rebuild that changed nothing), so its scores equal ``v2``'s."""
 
 
+PLUGIN = "sasrec-ranker"
+PLUGIN_CONFIG = {"n_items": 300, "n_genres": 7, "d_model": 16, "n_heads": 2, "window": 12}
+"""A small config of the example plugin (``examples/sasrec``), served from its own image."""
+PLUGIN_VERSIONS = {"s1": (0, False), "s2": (1, False), "s3": (2, True)}
+"""version → (seed, listwise): ``s3`` lets candidates see the slate, which its pods refuse."""
+
+
 def write_models(root: Path) -> Path:
-    """``root/feed-ranker/<version>`` artifacts of every version in :data:`SEEDS`."""
+    """``root/feed-ranker/<version>`` artifacts of every version in :data:`SEEDS`, and
+    ``root/sasrec-ranker/<version>`` of the example plugin's in :data:`PLUGIN_VERSIONS`."""
     import torch
+    from kvrank_sasrec.model import build
 
     for version, seed in SEEDS.items():
         target = root / "feed-ranker" / version
@@ -95,6 +104,11 @@ def write_models(root: Path) -> Path:
             continue
         torch.manual_seed(seed)
         save_model(RankerModel(MODEL_CONFIG, version), target)
+    for version, (seed, listwise) in PLUGIN_VERSIONS.items():
+        torch.manual_seed(seed)
+        plugin = build({**PLUGIN_CONFIG, "slate_context": listwise}, version)
+        config = plugin.cfg.model_dump(mode="json")
+        save_ranker(plugin, root / PLUGIN / version, "sasrec", config)
     return root
 
 
@@ -368,10 +382,10 @@ class Stack:
         return out.stdout or out.stderr
 
     # ------------------------------------------------------------------ the RankerDeployment
-    def model_uri(self, version: str, slow: bool = False) -> str:
+    def model_uri(self, version: str, slow: bool = False, model: str = "feed-ranker") -> str:
         """Where ``version``'s artifact is served; ``slow`` answers take ``SLOW_DELAY_S`` each."""
         prefix = SLOW_PREFIX if slow else ""
-        return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/feed-ranker/{version}"
+        return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/{model}/{version}"
 
     def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
         """This run's images, the artifact store's URL, a managed 3-master Redis Cluster."""
@@ -380,6 +394,9 @@ class Stack:
         spec["model"]["image"] = self.images.ranker
         spec["model"]["uri"] = self.model_uri(spec["model"]["version"])
         spec["model"].pop("volume", None)
+        # the node's GPUs are a fake extended resource (GPU-requesting pods schedule, as on a
+        # GPU node); told they have one, rankers would exit for want of CUDA: they use the CPU
+        spec["model"]["env"] = [{"name": "KVRANK_DEVICE", "value": "cpu"}]
         cache = spec.setdefault("cache", {})
         cache["l1Bytes"] = 64 * 2**20
         # fp32 K/V: scores are then checked against the full forward pass at 1e-5 (bf16 and

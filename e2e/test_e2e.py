@@ -35,13 +35,16 @@ from stack import (
     NS,
     OPERATOR_NS,
     OPERATOR_SELECTOR,
+    PLUGIN,
     Stack,
     metric_values,
     stack_for,
 )
 
 from kvrank.data.synthetic import SyntheticWorld
-from kvrank.model.artifact import load_model
+from kvrank.model.artifact import load_model, load_ranker
+from kvrank.model.features import example_candidates, example_user
+from kvrank.server.schemas import body_for
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
 from kvrank_operator.sources import HIT_RATIO_WINDOW
 
@@ -1143,13 +1146,86 @@ def test_17_every_dashboard_panel_and_alert_query_returns_data(stack: Stack) -> 
     assert {k: v for k, v in health.items() if v[0] != "ok"} == {}
 
 
+# ---------------------------------------------------------------------------- own model
+def plugin_spec(stack: Stack, canary: str | None = None) -> dict[str, Any]:
+    """The example plugin's RankerDeployment: its model in its own image (a derived one),
+    L1 only (the plugin's Redis paths are the ranker tests' business)."""
+    doc = stack.adapt(example("basic.yaml"))
+    doc["metadata"]["name"] = PLUGIN
+    model = doc["spec"]["model"]
+    model.update(image=stack.images.plugin, replicas=2, uri=stack.model_uri("s1", model=PLUGIN))
+    model.update(version="s1", resources={})
+    doc["spec"]["cache"]["redis"] = {"mode": "external", "url": "redis://nowhere.invalid:6379"}
+    if canary is not None:
+        uri = stack.model_uri(canary, model=PLUGIN)
+        doc["spec"]["canary"] = {
+            "version": canary,
+            "uri": uri,
+            "image": stack.images.plugin_canary,
+            "weight": 50,
+        }
+    return doc
+
+
+def plugin_request(stack: Stack, version: str, user: str) -> tuple[dict[str, Any], torch.Tensor]:
+    """A request built from the plugin's own feature spec, and the scores its no-cache
+    reference gives for it."""
+    model = load_ranker(stack.models / PLUGIN / version)
+    g = torch.Generator().manual_seed(len(user))
+    u, c = example_user(model.features, 9, g), example_candidates(model.features, 6, g)
+    return body_for(model.features, user, u, c), model.forward_full(u, c).sigmoid()
+
+
+def plugin_pods_image(stack: Stack, version: str) -> set[str]:
+    pods = stack.select("pods", f"app.kubernetes.io/instance={PLUGIN},kvrank.io/version={version}")
+    return {c["image"] for p in pods for c in p["spec"]["containers"]}
+
+
+def test_18_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_code(
+    stack: Stack,
+) -> None:
+    stack.apply(plugin_spec(stack))
+    stack.wait_for(lambda: ready(stack, PLUGIN), "the plugin model Ready", 300)
+    assert plugin_pods_image(stack, "s1") == {stack.images.plugin}
+    body, expected = plugin_request(stack, "s1", "plugin-user")
+    first = stack.score(PLUGIN, body).json()
+    assert first["model_version"] == "s1" and first["cache"] == "miss", first
+    assert (torch.tensor(first["scores"]) - expected).abs().max() <= 1e-5
+    again = [stack.score(PLUGIN, body).json()["cache"] for _ in range(6)]
+    assert "l1" in again, again  # two pods, no shared L2 here: each hits once it has the user
+    bad = {**body, "candidates": {**body["candidates"], "genre": [99] * 6}}
+    resp = stack.score(PLUGIN, bad)
+    assert resp.status_code == 422 and resp.json()["field"] == "candidates.genre", resp.text
+    # a canary with its code in an image of its own, in a cache namespace of its own
+    stack.apply(plugin_spec(stack, canary="s2"))
+    stack.wait_for(
+        lambda: namespaces(stack, PLUGIN) == {"v-s1": "active", "v-s2": "active"},
+        "the plugin canary's own cache namespace",
+    )
+    stack.wait_for(lambda: ready(stack, PLUGIN), "Ready with the plugin canary", 300)
+    assert plugin_pods_image(stack, "s2") == {stack.images.plugin_canary}
+    body, expected = plugin_request(stack, "s2", "canary-user")
+    doc = stack.score(f"{PLUGIN}-s2", body).json()
+    assert doc["model_version"] == "s2" and doc["cache"] == "miss", doc
+    assert (torch.tensor(doc["scores"]) - expected).abs().max() <= 1e-5
+    # a listwise canary (candidates see the slate): its pods refuse it, naming the check
+    stack.apply(plugin_spec(stack, canary="s3"))
+    failed = stack.wait_for(
+        lambda: (c := condition(stack, PLUGIN, "RankersStarted")) and c["status"] == "False" and c,
+        "RankersStarted False for the listwise canary",
+        240,
+    )
+    assert "s3:" in failed["message"] and "candidates_independent" in failed["message"], failed
+    assert stack.score(f"{PLUGIN}-s1", plugin_request(stack, "s1", "still")[0]).status_code == 200
+
+
 # ---------------------------------------------------------------------------- delete
-def test_18_delete_removes_everything_it_created(stack: Stack) -> None:
-    for name in ("feed-ranker", "ttl-ranker"):
+def test_19_delete_removes_everything_it_created(stack: Stack) -> None:
+    for name in ("feed-ranker", "ttl-ranker", PLUGIN):
         stack.kubectl("delete", "rkd", name, "-n", NS, "--wait=false")
-    for name in ("feed-ranker", "ttl-ranker"):
+    for name in ("feed-ranker", "ttl-ranker", PLUGIN):
         stack.wait_for(lambda name=name: stack.get("rkd", name) is None, f"rkd/{name} gone")
-    for name in ("feed-ranker", "ttl-ranker"):
+    for name in ("feed-ranker", "ttl-ranker", PLUGIN):
         selector = f"app.kubernetes.io/instance={name}"
         for kind in ("deployments", "services", "configmaps", "pdb", "jobs", "statefulsets"):
             stack.wait_for(
@@ -1163,7 +1239,7 @@ def test_18_delete_removes_everything_it_created(stack: Stack) -> None:
 
 
 # ---------------------------------------------------------------------------- uninstall
-def test_19_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
+def test_20_uninstalling_the_operator_leaves_no_ranker_deployment_stuck(stack: Stack) -> None:
     doc = stack.adapt(example("basic.yaml"))
     doc["metadata"]["name"] = "left-behind"
     doc["spec"]["model"]["replicas"] = 1

@@ -59,9 +59,13 @@ class Images:
     ranker: str
     operator: str
     redis: str
+    plugin: str
+    """The example plugin's ranker image (a team's derived image)."""
+    plugin_canary: str
+    """The same plugin built again as another image: what a canary brings its code in."""
 
     def all(self) -> tuple[str, ...]:
-        return (self.ranker, self.operator, self.redis)
+        return (self.ranker, self.operator, self.redis, self.plugin, self.plugin_canary)
 
 
 @contextlib.contextmanager
@@ -128,11 +132,24 @@ def build_images(docker: Docker) -> Images:
         docker.env,
         2400,
     )
+    ranker, plugin = f"ghcr.io/kvrank/ranker:{TAG}", f"ghcr.io/kvrank/ranker-sasrec:{TAG}"
+    canary = f"{plugin}-canary"
+    build_step(
+        [
+            "docker",
+            "build",
+            "--network=host",
+            f"--build-arg=RANKER_IMAGE={ranker}",
+            "--build-arg=RELEASE=canary",
+            f"--tag={canary}",
+            "examples/sasrec",
+        ],
+        docker.env,
+        600,
+    )
     prune_old_stages(docker)
     return Images(
-        f"ghcr.io/kvrank/ranker:{TAG}",
-        f"ghcr.io/kvrank/operator:{TAG}",
-        f"ghcr.io/kvrank/redis:{TAG}",
+        ranker, f"ghcr.io/kvrank/operator:{TAG}", f"ghcr.io/kvrank/redis:{TAG}", plugin, canary
     )
 
 

@@ -80,3 +80,19 @@ def test_redis_image_serves_cluster_mode_and_carries_the_cli(
         script,
     ).stdout
     assert "cluster_state:" in out, out
+
+
+def test_the_plugin_image_serves_its_own_architecture_as_non_root(
+    docker: Docker, images: Images
+) -> None:
+    probe = (
+        "from kvrank.model.registry import architectures as a;"
+        "s = a()['sasrec']; print(s.distribution, s.version, sorted(a()))"
+    )
+    for ref in (images.plugin, images.plugin_canary):
+        out = docker("run", "--rm", "--entrypoint", "python", ref, "-c", probe).stdout
+        assert out.split()[:2] == ["kvrank-sasrec", "0.1.0"], out
+        assert "onetrans" in out
+        assert docker.inspect(ref)["Config"]["User"] == "10001"
+    labels = [docker.inspect(r)["Config"]["Labels"]["io.kvrank.release"] for r in images.all()[3:]]
+    assert labels == ["stable", "canary"]  # two images: a canary can bring code of its own

@@ -413,7 +413,7 @@ def test_a_version_given_a_gpu_computes_on_it_and_one_without_uses_the_rankers_d
     zero = {"model": {**gpu["model"], "resources": {"limits": {"nvidia.com/gpu": 0}}}}
     assert "KVRANK_DEVICE" not in _env_of(zero)
     mine = {"model": {**gpu["model"], "env": [{"name": "KVRANK_DEVICE", "value": "cuda:1"}]}}
-    assert [v for k, v in _ranker_env_list(mine) if k == "KVRANK_DEVICE"][-1] == "cuda:1"
+    assert [v for k, v in _ranker_env_list(mine) if k == "KVRANK_DEVICE"] == ["cuda:1"]
 
 
 def _ranker_env_list(spec: dict) -> list[tuple[str, str | None]]:

@@ -53,6 +53,13 @@ class SASRecConfig(BaseModel):
     ffn_mult: int = Field(2, ge=1, le=8)
     window: int = Field(50, ge=1, le=4096, description="Events the model sees.")
     positions: Literal["from_oldest", "from_newest"] = "from_oldest"
+    slate_context: bool = Field(
+        False,
+        description="Listwise: every candidate also sees the mean of the slate's candidate"
+        " tokens at each layer. A score then depends on the rest of the slate, so it cannot"
+        " be served from a per-user cache: kvrank check-model refuses it"
+        " (candidates_independent).",
+    )
 
     def fingerprint(self) -> str:
         blob = json.dumps([ARCHITECTURE, self.model_dump(mode="json")], sort_keys=True)
@@ -193,7 +200,7 @@ class SASRecNet(nn.Module):
             w = torch.softmax(torch.cat([s_user, s_self], dim=-1), dim=-1)
             a = torch.einsum("bhcr,brhd->bchd", w[..., :-1], v_u)
             a = a + w[..., -1].permute(0, 2, 1)[..., None] * v_c
-            x_c = layer.finish(x_c, a)
+            x_c = self._slate(layer.finish(x_c, a), dim=1)
         logits: Tensor = self.head(self.final(x_c)).squeeze(-1)
         return logits
 
@@ -205,8 +212,13 @@ class SASRecNet(nn.Module):
         for layer in self.blocks():
             q, k, v = layer.qkv(x)
             x = layer.finish(x, _causal_attend(q, k, v))
+            x = torch.cat([x[:, :-1], self._slate(x[:, -1:], dim=0)], dim=1)
         logits: Tensor = self.head(self.final(x[:, -1])).squeeze(-1)
         return logits
+
+    def _slate(self, x_c: Tensor, dim: int) -> Tensor:
+        """Candidate tokens plus the slate's mean over ``dim`` (listwise models only)."""
+        return x_c + x_c.mean(dim=dim, keepdim=True) if self.cfg.slate_context else x_c
 
 
 def _causal_attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -172,8 +172,10 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
     """The ranker's settings that differ per version (the rest is in the config file)."""
     checksum = [{"name": "KVRANK_MODEL_SHA256", "value": sha256}] if sha256 else []
     # a pod given a GPU computes on it, and exits saying so when it cannot see one; without
-    # one the ranker's own default (auto) applies. model.env comes last and may override it.
-    device = [{"name": "KVRANK_DEVICE", "value": "cuda"}] if spec.model.requests_gpu else []
+    # one the ranker's own default (auto) applies; a device the user names in model.env wins
+    own = any(e.get("name") == "KVRANK_DEVICE" for e in spec.model.env)
+    gpu = spec.model.requests_gpu and not own
+    device = [{"name": "KVRANK_DEVICE", "value": "cuda"}] if gpu else []
     return [
         *checksum,
         *device,

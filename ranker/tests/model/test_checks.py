@@ -99,3 +99,14 @@ def test_a_server_refuses_a_broken_model_before_it_is_ready(
         pass
     assert app.state.kvrank.ready is False
     assert "cached_equals_full" in (app.state.kvrank.startup_error or "")
+
+
+def test_a_listwise_variant_of_the_example_is_refused_for_its_slate_dependence(tmp_path) -> None:
+    """Candidates that see the slate are a real listwise design, and exact without a cache
+    too: the check that refuses it is the one about independence, not exactness."""
+    from model_plugins import save_sasrec
+
+    report = check_model(load_ranker(save_sasrec(tmp_path / "m", slate_context=True)))
+    outcome = {r.name: r.passed for r in report.results}
+    assert outcome["cached_equals_full"] is True
+    assert outcome["candidates_independent"] is False
