@@ -194,15 +194,18 @@ def check_model(
 
     from kvrank.errors import ArtifactError, DeviceError
     from kvrank.model.artifact import load_ranker
+    from kvrank.model.checks import CheckPlan
     from kvrank.model.checks import check_model as run_checks
     from kvrank.model.device import resolve_device
+    from kvrank.model.golden import load_golden
 
     try:
         model = load_ranker(directory, resolve_device(device))
+        golden = load_golden(directory, model.features)
     except (ArtifactError, DeviceError) as exc:
         typer.secho(f"kvrank check-model: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from exc
-    report = run_checks(model)
+    report = run_checks(model, CheckPlan(golden=golden))
     table = Table(title=f"{directory} — {type(model).__name__} {model.version}")
     for column in ("check", "result", "detail", "s"):
         table.add_column(column)

@@ -4,7 +4,9 @@
 
 The world: each item has a genre, each user a favourite genre that most of their history
 and their positives come from, so a model that reads the history learns to rank. Prints the
-held-out AUC; the artifact names the architecture and this package's version.
+held-out AUC; the artifact names the architecture and this package's version, and carries a
+few held-out requests with the logits training gave them (``golden.safetensors``), which
+kvrank matches when it loads the model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor
 
 from kvrank.model.artifact import save_ranker
 from kvrank.model.contract import CandidateInput, UserInput
+from kvrank.model.golden import GoldenCase, save_golden
 from kvrank_sasrec.model import ARCHITECTURE, SASRecConfig, SASRecRanker, build
 
 
@@ -104,6 +107,21 @@ def train(cfg: SASRecConfig, steps: int, seed: int, budget_s: float) -> tuple[SA
     return model, auc(torch.cat(scores), torch.cat(truth))
 
 
+@torch.no_grad()
+def golden_cases(model: SASRecRanker, world: World, count: int = 4) -> list[GoldenCase]:
+    """Held-out requests and the logits training's own (batched, differentiable) path gives
+    them: kvrank matches them when it loads the model (train/serve parity)."""
+    net, cases = model.net, []
+    for i in range(count):
+        user, fav = world.user(1 + i * (model.cfg.window // count))
+        cands, _ = world.candidates(fav, 8)
+        x = net.user_tokens(user)[None]
+        layers = [(k, v, torch.ones(k.shape[:2], dtype=torch.bool)) for k, v in net.encode(x)]
+        logits = net.score(layers, net.candidate_tokens(cands)[None])[0]
+        cases.append(GoldenCase(user, cands, logits))
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -120,6 +138,7 @@ def main() -> None:
     model, score = train(cfg, args.steps, args.seed, args.time_budget)
     model.version = args.version
     save_ranker(model, args.out, ARCHITECTURE, cfg.model_dump(mode="json"))
+    save_golden(args.out, golden_cases(model, World(cfg, args.seed + 2)))
     print(f"trained in {time.monotonic() - start:.0f} s — held-out AUC {score:.4f} → {args.out}")
 
 

@@ -15,7 +15,9 @@ check-model DIR`` in a team's CI) it runs on random inputs drawn from its own fe
 - ``kv_dtype[<dtype>]``: each offered storage dtype stays within its declared |Δlogit|;
 - ``score_many``: batched scoring equals per-request scoring (when the model has it);
 - ``extend_exact``: extending equals a full encode wherever the model says it is exact
-  (when the model can extend).
+  (when the model can extend);
+- ``golden_parity``: the logits training exported with the weights (``golden.safetensors``,
+  when the artifact has one) are what serving gives (train/serve parity).
 
 Each check reports what it measured; nothing here touches a cache or the network.
 """
@@ -38,6 +40,7 @@ from kvrank.model.contract import (
     UserInput,
 )
 from kvrank.model.features import example_candidates, example_user
+from kvrank.model.golden import GOLDEN_TOLERANCE, GoldenCase
 from kvrank.model.kv import UserKV
 
 EXACT_TOLERANCE = 1e-5
@@ -88,6 +91,8 @@ class CheckPlan:
     """Storage dtypes to check; None: every one the model offers."""
     score_many: bool = True
     extend: bool = True
+    golden: list[GoldenCase] | None = None
+    """Training's inputs and logits (``golden.safetensors``): served logits must match."""
 
 
 def check_model(
@@ -138,6 +143,8 @@ class _Probe:
             yield "score_many", self.score_many
         if self.plan.extend and isinstance(self.model, Extendable):
             yield "extend_exact", self.extend_exact
+        if self.plan.golden:
+            yield "golden_parity", self.golden_parity
 
     # ------------------------------------------------------------------ inputs
     def user(self, n: int) -> UserInput:
@@ -268,3 +275,13 @@ class _Probe:
         if exact == 0:
             return f"never exact on the {len(cases)} cases tried: serving encodes in full"
         return f"{exact} of {len(cases)} cases exact: max |Δlogit| {worst:.2g} vs a full encode"
+
+    def golden_parity(self) -> str:
+        assert self.plan.golden
+        worst = 0.0
+        for i, case in enumerate(self.plan.golden):
+            served = self._score(self.model.encode_user(case.user), case.candidates)
+            want = case.logits.float().cpu()
+            worst = max(worst, self._near(served, want, GOLDEN_TOLERANCE, f"golden case {i}"))
+        n = len(self.plan.golden)
+        return f"{n} cases from training: max |Δlogit| {worst:.2g} (≤ {GOLDEN_TOLERANCE:g})"

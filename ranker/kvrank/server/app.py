@@ -43,6 +43,7 @@ from kvrank.model.artifact import load_ranker, resolve_artifact
 from kvrank.model.checks import CheckPlan, check_model
 from kvrank.model.device import resolve_device
 from kvrank.model.features import example_candidates, example_user
+from kvrank.model.golden import load_golden
 from kvrank.runner import model_thread
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig, read_file, redis_password
@@ -93,6 +94,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
             kv_dtypes=(cfg.kv_dtype,) if cfg.kv_dtype else (),
             score_many=cfg.microbatch_ms > 0,
             extend=cfg.incremental != "off",
+            golden=load_golden(local, model.features),
         )
         report = check_model(model, plan)
         for r in report.results:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -110,3 +111,31 @@ def test_a_listwise_variant_of_the_example_is_refused_for_its_slate_dependence(t
     outcome = {r.name: r.passed for r in report.results}
     assert outcome["cached_equals_full"] is True
     assert outcome["candidates_independent"] is False
+
+
+def test_training_logits_shipped_with_the_weights_must_be_what_serving_gives(
+    sasrec_artifact, tmp_path
+) -> None:
+    """Train/serve parity: the golden cases pass as exported, and a serving path that
+    disagrees with training (here: the exported logits moved) is refused."""
+    import shutil
+
+    from kvrank.model.features import example_candidates, example_user
+    from kvrank.model.golden import GoldenCase, load_golden, save_golden
+
+    art = tmp_path / "m"
+    shutil.copytree(sasrec_artifact, art)
+    model = load_ranker(art)
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for n in (1, 5, 12):
+        user, cands = example_user(model.features, n, g), example_candidates(model.features, 4, g)
+        cases.append(GoldenCase(user, cands, model.forward_full(user, cands)))
+    save_golden(art, cases)
+    golden = load_golden(art, model.features)
+    passed = check_model(model, CheckPlan(golden=golden))
+    assert {r.name: r.passed for r in passed.results}["golden_parity"] is True
+    moved = [GoldenCase(c.user, c.candidates, c.logits + 0.01) for c in cases]
+    save_golden(art, moved)
+    result = CliRunner().invoke(cli, ["check-model", str(art)])
+    assert result.exit_code == 1 and "golden_parity" in result.output, result.output
