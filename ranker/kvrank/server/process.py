@@ -27,7 +27,7 @@ log = logging.getLogger("kvrank.server")
 
 
 STARTUP_FAILED = 3
-"""Exit status of a server that did not start (the model was refused): uvicorn's own."""
+"""Exit status of a server that did not start (e.g. its model was refused): uvicorn's."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -70,13 +70,16 @@ def serve(cfg: ServerConfig) -> None:
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
     sockets = [listening_socket(cfg.host, p) for p in ports]
     server = DrainingServer(config, app, cfg.drain_delay_s)
-    server.run(sockets=sockets)
-    if not server.started:
+    try:
+        server.run(sockets=sockets)
+    except SystemExit:  # uvicorn's own exit when the app's startup failed
+        if server.started:
+            raise
         # the last line is what Kubernetes shows as the pod's termination message (and the
         # operator in RankersStarted): the reason, not uvicorn's "startup failed"
         reason = app.state.kvrank.startup_error or "the server did not start"
         log.error("kvrank serve: %s", reason)
-        raise SystemExit(STARTUP_FAILED)
+        raise SystemExit(STARTUP_FAILED) from None
 
 
 MMAP_THRESHOLD_MAX = 32 << 20

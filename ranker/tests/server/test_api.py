@@ -321,6 +321,28 @@ def test_a_pod_refuses_an_artifact_of_another_version(make_client) -> None:
         make_client(model_version="v2")
 
 
+def test_a_refused_model_stops_the_process_with_the_reason_as_its_last_line(artifact) -> None:
+    """What Kubernetes shows as the pod's termination message (and the operator in
+    RankersStarted): the reason, and an exit status that is not success."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "kvrank"), "serve", "--model", str(artifact)],
+        env={"PATH": "/usr/bin:/bin", "KVRANK_MODEL_VERSION": "v2", "KVRANK_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert proc.returncode == 3, lines[-5:]
+    last = json.loads(lines[-1])
+    assert last["severity"] == "error"
+    assert "model version 'v1', expected model_version='v2'" in last["message"], last
+
+
 def test_admin_endpoints_answer_only_on_the_admin_port(spawn_server, request_for) -> None:
     import httpx
 
