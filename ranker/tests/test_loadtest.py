@@ -143,3 +143,27 @@ def test_replay_names_failed_connections_and_leaves_the_collector_on() -> None:
     summary = summarize(results)
     assert summary["errors"] == 3
     assert summary["error_kinds"] == {"error: ClientConnectorError": 3}
+
+
+def test_a_plugin_models_workload_is_made_of_valid_requests_that_grow(sasrec_artifact) -> None:
+    """The load tools drive any model: requests from its feature spec, each accepted by the
+    model's own request schema and checks, and returning users' histories extend theirs."""
+    from kvrank.model.artifact import load_ranker
+    from kvrank.model.features import check_candidates, check_user
+    from kvrank.server.schemas import request_model, to_inputs
+    from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
+
+    model = load_ranker(sasrec_artifact)
+    spec = workload_model(sasrec_artifact)
+    assert spec == model.features
+    schema = request_model(spec)
+    settings = WorkloadSettings(users=10, candidates=5, new_events_prob=1.0)
+    last: dict[str, list[int]] = {}
+    for r in Workload(spec, settings).requests(60):
+        user, cands = to_inputs(schema.model_validate(r.body), spec)
+        check_user(spec, user)
+        check_candidates(spec, cands)
+        items = r.body["events"]["item_id"]
+        if r.returning:
+            assert items[: len(last[r.user_id])] == last[r.user_id]  # a prefix: extendable
+        last[r.user_id] = items
