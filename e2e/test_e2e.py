@@ -47,6 +47,8 @@ from kvrank.model.features import example_candidates, example_user
 from kvrank.server.schemas import body_for
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
 from kvrank_operator.sources import HIT_RATIO_WINDOW
+from kvrank_operator.spec import parse_spec
+from kvrank_operator.ttl import target_ttl
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -548,7 +550,8 @@ def test_09_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
 
         tuned = stack.wait_for(converged, "status.ttl from a 1.5 s mean interval", 150)
         assert tuned["source"] == stack.ttl_source()["type"]
-        expected = min(max(tuned["meanIntervalSeconds"] * 3, 1), 300)
+        ttl_spec = parse_spec(stack.must_get("rkd", "ttl-ranker")["spec"]).ttl
+        expected = target_ttl(tuned["meanIntervalSeconds"], ttl_spec)  # the product's formula
         assert tuned["seconds"] == pytest.approx(expected, rel=0.01), tuned
         cm = stack.must_get("configmap", "ttl-ranker-config")
         assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == tuned["seconds"]

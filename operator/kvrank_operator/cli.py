@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvrank_operator import __version__
+
+if TYPE_CHECKING:
+    from kvrank_operator.manifests import PodMonitoring
 
 app = typer.Typer(
     help="kvrank operator: RankerDeployment → ranker pods + Redis, canary caches, TTL tuning.",
@@ -60,36 +63,68 @@ def run(
 
     if kubeconfig:  # before the kubernetes client is imported: it reads this once
         os.environ["KUBECONFIG"] = kubeconfig
-    import asyncio
-    import contextlib
-    import logging
-
-    import kopf
-    from prometheus_client import start_http_server
-
-    from kvrank_operator import handlers
-    from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
-    from kvrank_operator.manifests import PodMonitoring
-
     if log_format not in ("json", "text"):
         raise typer.BadParameter("json or text", param_hint="--log-format")
+    _configure_logging(log_format)
+    monitoring = None
+    if pod_monitor:
+        monitoring = _pod_monitoring(pod_monitor_label or [], pod_monitor_interval)
+    _serve(
+        kubeconfig, namespace or [], metrics_port, liveness_port, lease, lease_namespace, monitoring
+    )
+
+
+def _configure_logging(log_format: str) -> None:
+    import logging
+    import os
+
+    import kopf
+
     # kopf's formatter: with json, each line is an object that names the resource it is about
     kopf.configure(
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
         log_refkey="k8s",
     )
     logging.getLogger().setLevel(os.environ.get("LOG_LEVEL", "INFO"))
-    handlers.KUBECONFIG = kubeconfig
-    if pod_monitor:
-        handlers.POD_MONITORING = PodMonitoring(
-            _labels(pod_monitor_label or []), pod_monitor_interval
-        )
+
+
+def _pod_monitoring(pairs: list[str], interval: str) -> PodMonitoring:
+    from kvrank_operator.manifests import PodMonitoring
+
+    return PodMonitoring(_labels(pairs), interval)
+
+
+def _serve(
+    kubeconfig: str | None,
+    namespaces: list[str],
+    metrics_port: int,
+    liveness_port: int,
+    lease: str,
+    lease_namespace: str,
+    monitoring: PodMonitoring | None,
+) -> None:
+    """Lead (when electing), then run kopf with the operator's context in its ``memo``."""
+    import asyncio
+    import contextlib
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    from kvrank_operator.handlers import OperatorContext
+    from kvrank_operator.kube import Kube, load_client
+    from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
+    from kvrank_operator.reconcile import Options
+    from kvrank_operator.redis_cluster import check_and_heal
+
+    context = OperatorContext(
+        Kube(load_client(kubeconfig)), Options(redis_health=check_and_heal, monitoring=monitoring)
+    )
     if metrics_port:
         start_http_server(metrics_port)
     election = None
     if lease:
         settings = ElectionSettings(lease=lease, namespace=lease_namespace or _own_namespace())
-        election = Election(settings, handlers.kube().api).start()
+        election = Election(settings, context.kube.api).start()
         health = FollowerHealth(liveness_port, election) if liveness_port else None
         with health or contextlib.nullcontext():
             election.elected.wait()
@@ -97,10 +132,11 @@ def run(
     try:
         asyncio.run(
             kopf.operator(
-                clusterwide=not namespace,
-                namespaces=namespace or [],
+                clusterwide=not namespaces,
+                namespaces=namespaces,
                 standalone=True,
                 liveness_endpoint=liveness,
+                memo=kopf.Memo(operator=context),
             )
         )
     finally:

@@ -31,6 +31,8 @@ GROUP = "kvrank.io"
 VERSION = "v1alpha1"
 PLURAL = "rankerdeployments"
 KIND = "RankerDeployment"
+API_VERSION = f"{GROUP}/{VERSION}"
+"""``kvrank.io/v1alpha1``: the one place the served API version is spelled."""
 
 _NAME = {
     "type": "string",

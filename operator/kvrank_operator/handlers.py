@@ -1,9 +1,13 @@
 """kopf wiring: what wakes a RankerDeployment's reconciler, and error mapping.
 
 Each RankerDeployment has one reconciler (a kopf daemon) that runs
-:func:`reconcile.reconcile` (level-based), then the TTL tuner, writes what changed of the
-status and posts the Events. It runs when something it depends on changes — the spec, or an
-owned Deployment, StatefulSet, Job or Pod (watched with a server-side label selector, so the
+:func:`reconcile.reconcile` (level-based), writes what changed of the status and posts the
+Events. Process state reaches handlers in kopf's ``memo``: the operator's
+(:class:`OperatorContext`, ``memo.operator``) and each RankerDeployment's own
+(``memo.reconcile``, what its passes remember).
+
+The reconciler runs when something it depends on changes — the spec, or an owned
+Deployment, StatefulSet, Job or Pod (watched with a server-side label selector, so the
 operator never sees anyone else's objects) — when a deadline it set passes (a retired cache
 namespace's purge, the TTL tuner's next measurement), and otherwise every ``RESYNC_S`` (a
 Redis node's health is no API event). Nothing here reconciles by itself, and a steady state
@@ -18,18 +22,17 @@ import copy
 import datetime as dt
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 
-from kvrank_operator import crd, rollout
-from kvrank_operator.kube import Kube, load_client, merge_patch_between
-from kvrank_operator.manifests import PodMonitoring
-from kvrank_operator.reconcile import purges_due_in, reconcile
-from kvrank_operator.redis_cluster import check_and_heal
-from kvrank_operator.sources import next_measurement_in, tune_ttl
+from kvrank_operator import crd
+from kvrank_operator.kube import Kube, merge_patch_between
+from kvrank_operator.reconcile import Memory, Options, reconcile
+from kvrank_operator.reconcilers.base import Event
 
 log = logging.getLogger("kvrank_operator")
 RECONCILES = Counter(
@@ -60,25 +63,26 @@ RETRY_S = 5.0
 OWNED = (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("batch", "v1", "jobs"))
 OWNED_SELECTOR = "app.kubernetes.io/managed-by=kvrank-operator"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
-
-_kube: Kube | None = None
-KUBECONFIG: str | None = None
-POD_MONITORING: PodMonitoring | None = None
-"""Set from the command line: a PodMonitor per RankerDeployment (``None``: none)."""
-_wakers: dict[tuple[str, str], asyncio.Event] = {}
-"""(namespace, name) → the event its reconciler waits on."""
 
 
-def kube() -> Kube:
-    global _kube
-    if _kube is None:
-        _kube = Kube(load_client(KUBECONFIG))
-    return _kube
+@dataclass
+class OperatorContext:
+    """The operator process's shared state, handed to every handler in kopf's ``memo``
+    (``memo.operator``): set up once by the command line, never a module global."""
+
+    kube: Kube
+    options: Options = field(default_factory=Options)
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    """(namespace, name) → the event that RankerDeployment's reconciler waits on."""
+
+
+def _context(memo: Any) -> OperatorContext:
+    context: OperatorContext = memo.operator
+    return context
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvrank.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kvrank.io", key="last-handled-configuration"
@@ -90,23 +94,23 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     for group, version, plural in (*OWNED, ("", "v1", "pods")):
         # the API server filters: the operator watches its own objects, not the cluster's
         settings.watching.label_selectors[group, version, plural] = OWNED_SELECTOR
-    _upgrade_crd()
+    _upgrade_crd(_context(memo).kube)
 
 
-def _upgrade_crd(timeout_s: float = 30.0) -> None:
+def _upgrade_crd(kube: Kube, timeout_s: float = 30.0) -> None:
     """Bring the installed CRD to this operator's schema. ``helm upgrade`` never touches a
     chart's ``crds/``, so the new operator applies its own (RBAC: ``patch`` on this one CRD
     only; the first install still comes from the chart). Waits until it is Established:
     kopf resolves the resources it serves right after this, once."""
     body = crd.crd()
     try:
-        kube().apply(body, owner=None)
+        kube.apply(body, owner=None)
     except ApiException as exc:
         log.error("could not apply the RankerDeployment CRD (%s %s)", exc.status, exc.reason)
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        got = kube().get(body["apiVersion"], body["kind"], "", body["metadata"]["name"]) or {}
+        got = kube.get(body["apiVersion"], body["kind"], "", body["metadata"]["name"]) or {}
         conditions = (got.get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
             log.info("RankerDeployment CRD at this operator's schema (%s)", crd.VERSION)
@@ -118,20 +122,20 @@ def _upgrade_crd(timeout_s: float = 30.0) -> None:
 # ------------------------------------------------------------------------ wake-ups
 
 
-def _wake(namespace: str | None, name: str | None) -> None:
-    waker = _wakers.get((namespace or "", name or ""))
+def _wake(memo: Any, namespace: str | None, name: str | None) -> None:
+    waker = _context(memo).wakers.get((namespace or "", name or ""))
     if waker is not None:
         waker.set()
 
 
 @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
-def spec_changed(meta: kopf.Meta, **_: Any) -> None:
-    kube().forget_applied()  # a new spec: send everything once
-    _wake(meta.namespace, meta.name)
+def spec_changed(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    _context(memo).kube.forget_applied()  # a new spec: send everything once
+    _wake(memo, meta.namespace, meta.name)
 
 
-def _owned_changed(meta: kopf.Meta, **_: Any) -> None:
-    _wake(meta.namespace, meta.labels.get(INSTANCE_LABEL))
+def _owned_changed(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    _wake(memo, meta.namespace, meta.labels.get(INSTANCE_LABEL))
 
 
 for _group, _version, _plural in OWNED:
@@ -143,12 +147,15 @@ kopf.on.event("", "v1", "pods", labels={INSTANCE_LABEL: kopf.PRESENT})(_owned_ch
 
 
 @kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_timeout=30.0)
-async def reconciler(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def reconciler(
+    body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
+) -> None:
     """One RankerDeployment's reconcile loop, from its creation (or the operator's start)
     until its deletion."""
+    context = _context(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
-    waker = _wakers[key] = asyncio.Event()
-    written: dict[str, Any] = {}  # status fields this loop wrote (the body may lag behind)
+    waker = context.wakers[key] = asyncio.Event()
+    loop = _Loop(context, memo.setdefault("reconcile", Memory()))
     trigger = "start"
     # at 0 from the start: an alert on increase() sees the first abort too
     EVENTS.labels(*key, "CanaryAborted")
@@ -156,19 +163,19 @@ async def reconciler(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> 
         while not stopped:
             waker.clear()
             snapshot = copy.deepcopy(dict(body))  # kopf updates the body as events arrive
-            delay, events = await asyncio.to_thread(_reconcile_once, snapshot, written, trigger)
+            delay, events = await asyncio.to_thread(loop.once, snapshot, trigger)
             for etype, reason, message in events:
                 (kopf.warn if etype == "Warning" else kopf.info)(
                     body, reason=reason, message=message
                 )
                 EVENTS.labels(*key, reason).inc()
-            _publish_ttl_source(key, {**(snapshot.get("status") or {}), **written})
+            _publish_ttl_source(key, {**(snapshot.get("status") or {}), **loop.written})
             woken = await _sleep(waker, stopped, delay)
             trigger = "event" if woken else "resync"
             if woken:
                 await asyncio.sleep(SETTLE_S)
     finally:
-        _wakers.pop(key, None)
+        context.wakers.pop(key, None)
         with contextlib.suppress(KeyError):
             TTL_SOURCE_OK.remove(*key)
 
@@ -193,59 +200,53 @@ async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, delay: float
     return waker.is_set()
 
 
-Event = tuple[str, str, str]
-"""(type, reason, message)"""
+@dataclass
+class _Loop:
+    """One RankerDeployment's reconciler between its passes."""
 
+    context: OperatorContext
+    memory: Memory
+    written: dict[str, Any] = field(default_factory=dict)
+    """Status fields this loop wrote (the body kopf hands over may lag behind)."""
 
-def _reconcile_once(
-    body: dict[str, Any], written: dict[str, Any], trigger: str
-) -> tuple[float, list[Event]]:
-    """Reconcile, tune the TTL, send what changed of the status; returns the seconds until
-    the next deadline and the Events to post."""
-    started = time.monotonic()
-    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    current = {**(body.get("status") or {}), **written}
-    doc = {**body, "status": current}
-    now = dt.datetime.now(dt.UTC)
-    try:
-        outcome = reconcile(
-            kube(), doc, now, redis_health=check_and_heal, monitoring=POD_MONITORING
-        )
-        tuned = tune_ttl(kube(), {**doc, "status": outcome.status}, now) or {}
-        status = {**outcome.status, **tuned}
-        # kopf keeps its own field in the status: never the reconciler's to remove
-        mine = {k: v for k, v in current.items() if k != "kopf" and v is not None}
-        patch = merge_patch_between(mine, status)
-        if patch:
-            kube().patch_status(API_VERSION, crd.KIND, ns, name, patch)
-            written.update({k: status.get(k) for k in patch})
-    except ApiException as exc:
-        RECONCILES.labels(trigger, "error").inc()
-        log.warning(  # the API's own words say what it refused
-            "reconcile of %s/%s: Kubernetes API %s %s: %s",
-            ns,
-            name,
-            exc.status,
-            exc.reason,
-            str(exc.body or "")[:500],
-        )
-        return RETRY_S, []
-    except Exception:  # a bug must not leave this RankerDeployment unmanaged until a restart
-        RECONCILES.labels(trigger, "error").inc()
-        log.exception("reconcile of %s/%s failed", ns, name)
-        return RETRY_S, []
-    finally:
-        LATENCY.observe(time.monotonic() - started)
-    RECONCILES.labels(trigger, "ok").inc()
-    events = list(outcome.events)
-    if "ttl" in tuned:
-        t = tuned["ttl"]
-        why = f"mean interval {t.get('meanIntervalSeconds')}s, {t['source']}"
-        events.append(("Normal", "TTLUpdated", f"cache TTL now {t['seconds']}s ({why})"))
-    due = [
-        RESYNC_S,
-        next_measurement_in(doc, now),
-        *purges_due_in(status, now),
-        rollout.due_in(status.get("canary")),
-    ]
-    return max(0.0, min(due)), events
+    def once(self, body: dict[str, Any], trigger: str) -> tuple[float, tuple[Event, ...]]:
+        """Reconcile and send what changed of the status; returns the seconds until the
+        next deadline and the Events to post."""
+        started = time.monotonic()
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        current = {**(body.get("status") or {}), **self.written}
+        kube = self.context.kube
+        try:
+            outcome = reconcile(
+                kube,
+                {**body, "status": current},
+                dt.datetime.now(dt.UTC),
+                self.memory,
+                self.context.options,
+            )
+            status = outcome.status.for_storage()
+            # kopf keeps its own field in the status: never the reconciler's to remove
+            mine = {k: v for k, v in current.items() if k != "kopf" and v is not None}
+            patch = merge_patch_between(mine, status)
+            if patch:
+                kube.patch_status(crd.API_VERSION, crd.KIND, ns, name, patch)
+                self.written.update({k: status.get(k) for k in patch})
+        except ApiException as exc:
+            RECONCILES.labels(trigger, "error").inc()
+            log.warning(  # the API's own words say what it refused
+                "reconcile of %s/%s: Kubernetes API %s %s: %s",
+                ns,
+                name,
+                exc.status,
+                exc.reason,
+                str(exc.body or "")[:500],
+            )
+            return RETRY_S, ()
+        except Exception:  # a bug must not leave this RankerDeployment unmanaged until a restart
+            RECONCILES.labels(trigger, "error").inc()
+            log.exception("reconcile of %s/%s failed", ns, name)
+            return RETRY_S, ()
+        finally:
+            LATENCY.observe(time.monotonic() - started)
+        RECONCILES.labels(trigger, "ok").inc()
+        return max(0.0, min(RESYNC_S, outcome.due_in)), outcome.events

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ class Decision:
     """``CanaryAnalysis`` condition (ok, reason, message); ``None``: remove it."""
 
 
-def effective(spec: RankerSpec, rollout: dict[str, Any] | None) -> RankerSpec:
+def effective(spec: RankerSpec, rollout: Mapping[str, Any] | None) -> RankerSpec:
     """The spec as the rollout applies it now: the canary's weight at the current step, kept
     out of the Service while it warms up, gone once aborted."""
     c = spec.canary
@@ -77,14 +77,13 @@ def effective(spec: RankerSpec, rollout: dict[str, Any] | None) -> RankerSpec:
         return dataclasses.replace(spec, canary=None)
     weight, serving = c.weight, True
     if c.steps:
-        step = min(max(int(mine.get("step", 1)), 1), len(c.steps))
-        weight = c.steps[step - 1].weight
+        weight = c.steps[_step_of(c, mine) - 1].weight
     if phase in (STARTING, WARMING) and c.warmup is not None:
         serving = False
     return dataclasses.replace(spec, canary=dataclasses.replace(c, weight=weight, serving=serving))
 
 
-def due_in(rollout: dict[str, Any] | None) -> float:
+def due_in(rollout: Mapping[str, Any] | None) -> float:
     """Seconds until the rollout wants measuring again (``inf``: it does not)."""
     if rollout and rollout.get("phase") in ACTIVE:
         return ANALYSIS_INTERVAL_S
@@ -93,11 +92,13 @@ def due_in(rollout: dict[str, Any] | None) -> float:
 
 def advance(
     spec: RankerSpec,
-    rollout: dict[str, Any] | None,
+    prior: Mapping[str, Any] | None,
     canary_ready: bool,
     read: ReadWindow,
     now: dt.datetime,
 ) -> Decision:
+    """The rollout one step on from ``prior`` (``status.canary``, never changed here)."""
+    rollout = dict(prior) if prior else None
     c = spec.canary
     if c is None:  # keep how the last rollout ended; a canary removed by hand leaves none
         if rollout and rollout.get("phase") in (PROMOTED, ABORTED):
@@ -111,8 +112,6 @@ def advance(
         plan = ", ".join(f"{s.weight}%" for s in c.steps) or f"{c.weight}% until promoted"
         warm = " after a warm-up on shadow traffic" if c.warmup else ""
         events.append(("Normal", "RolloutStarted", f"canary {c.version}: {plan}{warm}"))
-    else:
-        rollout = dict(rollout)
     phase = rollout["phase"]
     if phase in (PROMOTED, ABORTED):  # promoted: rewrite the spec until the new one arrives
         promote = phase == PROMOTED
@@ -134,6 +133,12 @@ def advance(
     return Decision(rollout, events, condition=(True, rollout["phase"], message))
 
 
+def _step_of(c: CanarySpec, rollout: Mapping[str, Any]) -> int:
+    """The rollout's step, 1 … len(steps) (a record from before the steps changed is held
+    to them)."""
+    return min(max(int(rollout.get("step") or 1), 1), len(c.steps))
+
+
 def _after_warmup(c: CanarySpec) -> str:
     return PROGRESSING if c.steps else MANUAL
 
@@ -149,8 +154,7 @@ def _show(c: CanarySpec, rollout: dict[str, Any]) -> None:
     if rollout["phase"] in (STARTING, WARMING) and c.warmup is not None:
         rollout["weight"] = 0
     elif c.steps and rollout["phase"] in (PROGRESSING, PROMOTED, ABORTED):
-        step = min(max(int(rollout.get("step") or 1), 1), len(c.steps))
-        rollout["weight"] = c.steps[step - 1].weight
+        rollout["weight"] = c.steps[_step_of(c, rollout) - 1].weight
     else:
         rollout["weight"] = c.weight
     if c.steps:
@@ -191,8 +195,7 @@ def _analyse(
     now: dt.datetime,
     events: list[Event],
 ) -> Decision:
-    step = min(max(int(rollout.get("step") or 1), 1), len(c.steps))
-    rollout["step"] = step
+    step = rollout["step"] = _step_of(c, rollout)
     since = parse_iso(rollout["since"])
     elapsed = (now - since).total_seconds()
     w = read(f"{c.version}/step-{step}", since)

@@ -1,14 +1,12 @@
-"""What the operator observes of its rankers: the ranker pods' ``/metrics`` or Prometheus.
+"""What the operator measures of its rankers: the ranker pods' ``/metrics`` or Prometheus.
 
-:func:`observe` reads the mean per-user request interval and the cache hit ratio.
-:func:`tune_ttl` applies the TTL policy with hysteresis to the interval and rewrites the
-ranker ConfigMap when the TTL changes (pods hot-reload it). It returns the status fields
-to update (``ttl``, ``hitRatio``), or ``None`` when it is not yet due or nothing changed.
+:func:`observe` reads the mean per-user request interval and the cache hit ratio, or says
+why it could not (``Observed.problem``). It decides nothing: the TTL reconciler
+(:mod:`kvrank_operator.reconcilers.ttl`) turns the measurement into a TTL.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import math
@@ -16,20 +14,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
 from kvrank_operator import manifests as m
-from kvrank_operator.clock import iso, parse_iso
-from kvrank_operator.conditions import set_condition
-from kvrank_operator.errors import SpecError
-from kvrank_operator.kube import Kube, Owner
-from kvrank_operator.rollout import effective
-from kvrank_operator.spec import RankerSpec, parse_spec
+from kvrank_operator.kube import Kube
+from kvrank_operator.spec import RankerSpec
 from kvrank_operator.ttl import (
     HIT_RATIO_METRIC,
     INTERVAL_METRIC,
     REQUESTS_METRIC,
-    next_ttl,
     parse_gauge,
 )
 
@@ -126,79 +118,3 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     if spec.ttl.source == "prometheus" and spec.ttl.prometheus_url:
         return from_prometheus(spec.ttl.prometheus_url, name, ns)
     return from_pods(kube, spec, name, ns)
-
-
-_MEASURED: dict[str, dt.datetime] = {}
-"""RankerDeployment uid → when its pods were last measured (in memory: a measurement that
-changes nothing writes nothing; after a restart, status.observedAt tells)."""
-
-
-def source_condition(
-    status: dict[str, Any], seen: Observed, spec: RankerSpec, generation: int, now: dt.datetime
-) -> list[dict[str, Any]]:
-    """The conditions with ``TTLSource`` set from this measurement."""
-    copy = {"conditions": [dict(c) for c in status.get("conditions") or []]}
-    if seen.problem is None:
-        # no number here: a message that changes with every measurement is a write each time
-        message = f"request intervals measured from {spec.ttl.source}"
-        set_condition(copy, "TTLSource", True, "Measured", message, generation, now)
-    else:
-        reason, message = seen.problem
-        set_condition(copy, "TTLSource", False, reason, message, generation, now)
-    conditions: list[dict[str, Any]] = copy["conditions"]
-    return conditions
-
-
-def next_measurement_in(body: dict[str, Any], now: dt.datetime) -> float:
-    """Seconds until :func:`tune_ttl` is due to measure again (``inf``: never)."""
-    try:
-        spec = parse_spec(body.get("spec") or {})
-    except SpecError:
-        return math.inf
-    last = _MEASURED.get(body["metadata"]["uid"])
-    if last is None:
-        return 0.0
-    return spec.ttl.interval_seconds - (now - last).total_seconds()
-
-
-def tune_ttl(kube: Kube, body: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
-    """Status fields to publish (``None``: nothing changed or nothing was due)."""
-    meta, status = body["metadata"], body.get("status") or {}
-    try:
-        spec = effective(parse_spec(body.get("spec") or {}), status.get("canary"))
-    except SpecError:
-        return None
-    current = status.get("ttl") or {}
-    observed_at = _MEASURED.get(meta["uid"])
-    if observed_at is None and (status.get("observedAt") or current.get("updatedAt")):
-        observed_at = parse_iso(status.get("observedAt") or current["updatedAt"])
-    fixed_changed = spec.ttl.mode == "fixed" and current.get("seconds") != spec.ttl.fixed_seconds
-    due = not observed_at or (now - observed_at).total_seconds() >= spec.ttl.interval_seconds
-    if not (due or fixed_changed):  # a new fixed TTL applies at once
-        return None
-    _MEASURED[meta["uid"]] = now
-    seen = observe(kube, spec, meta["name"], meta["namespace"])
-    out: dict[str, Any] = {}
-    if spec.ttl.mode == "auto":
-        conditions = source_condition(status, seen, spec, int(meta.get("generation", 1)), now)
-    else:  # a fixed TTL reads no source: no condition about one
-        conditions = [c for c in status.get("conditions") or [] if c["type"] != "TTLSource"]
-    if conditions != (status.get("conditions") or []):
-        out["conditions"] = conditions
-    if seen.hit_ratio is not None and round(seen.hit_ratio, 3) != status.get("hitRatio"):
-        out["hitRatio"] = round(seen.hit_ratio, 3)
-    mean = seen.mean_interval_s if spec.ttl.mode == "auto" else None
-    ttl = next_ttl(current.get("seconds"), mean, spec.ttl)
-    if ttl is not None:
-        owner = Owner("kvrank.io/v1alpha1", "RankerDeployment", meta["name"], meta["uid"])
-        kube.apply(m.config_map(spec, meta["name"], meta["namespace"], ttl), owner)
-        out["ttl"] = {
-            "seconds": ttl,
-            "meanIntervalSeconds": mean,
-            "updatedAt": iso(now),
-            "source": "fixed" if spec.ttl.mode == "fixed" else spec.ttl.source,
-        }
-    if not out:
-        return None
-    out["observedAt"] = iso(now)  # when the published values last changed
-    return out

@@ -185,6 +185,21 @@ def test_ttl_policy_with_hysteresis() -> None:
     assert parse_interval_means(text) == [4.0]
 
 
+@pytest.mark.parametrize("knobs", [{}, {"factor": 2.0, "minSeconds": 5, "maxSeconds": 60}])
+def test_the_operators_ttl_policy_is_the_rankers(knobs: dict) -> None:
+    """The operator computes the TTL it writes into the pods' config; the pods apply the same
+    policy to their own measurements: both sides' defaults and formula must agree."""
+    from kvrank.cache.ttl import TTLSettings, clamp_ttl
+
+    spec = parse_spec({"model": {"version": "v1", "uri": "/m"}, "ttl": knobs}).ttl
+    ranker = TTLSettings(**spec.ranker_settings(None))
+    if not knobs:
+        keys = ("factor", "min_seconds", "max_seconds", "jitter")
+        assert {k: getattr(TTLSettings(), k) for k in keys} == {k: getattr(spec, k) for k in keys}
+    for mean in (0.1, 1.5, 10.0, 42.0, 1000.0):
+        assert target_ttl(mean, spec) == clamp_ttl(mean, ranker)
+
+
 def test_stdlib_operator_is_not_shadowed_by_the_operator_folder() -> None:
     import operator
 
@@ -251,8 +266,8 @@ def test_a_spec_past_the_schema_is_degraded_without_an_api_call(spec: dict, fiel
         "metadata": {"name": "feed", "namespace": "prod", "uid": "u1", "generation": 4},
         "spec": {"model": {"version": "v1", "uri": "/models/v1"}, **spec},
     }
-    out = reconcile(NoAPI(), body, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
-    degraded = next(c for c in out.status["conditions"] if c["type"] == "Degraded")
+    out = reconcile(NoAPI(), body, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))  # type: ignore[arg-type]
+    degraded = next(c for c in out.status.for_storage()["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
     assert field in degraded["message"] and degraded["observedGeneration"] == 4
     assert [e[1] for e in out.events] == ["InvalidSpec"]
@@ -373,7 +388,7 @@ def test_managed_tls_with_a_secret_of_ones_own_generates_none() -> None:
     ],
 )
 def test_a_pods_start_failure_is_its_last_log_message(last_line: str, shown: str) -> None:
-    from kvrank_operator.reconcile import _start_failure
+    from kvrank_operator.reconcilers.observe import start_failure
 
     pod = {
         "status": {
@@ -388,7 +403,7 @@ def test_a_pods_start_failure_is_its_last_log_message(last_line: str, shown: str
             ]
         }
     }
-    why = _start_failure(pod)
+    why = start_failure(pod)
     assert why is not None and shown in why and why.endswith("(exit code 2)")
     assert "severity" not in why  # a JSON line shows as its message
 

@@ -6,14 +6,21 @@ the end-to-end suite's.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from kvrank.tools.processes import PrometheusServer, free_port
-from kvrank_operator.sources import Observed, from_prometheus, instant_query, source_condition
+from kvrank_operator.manifests import config_map
+from kvrank_operator.reconcilers.base import Pass
+from kvrank_operator.reconcilers.ttl import reconcile as reconcile_ttl
+from kvrank_operator.reconcilers.ttl import source_condition
+from kvrank_operator.sources import Observed, from_prometheus, instant_query
 from kvrank_operator.spec import parse_spec
+from kvrank_operator.state import Condition, Instance, Status, with_conditions
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
@@ -41,10 +48,16 @@ def test_an_unreachable_prometheus_says_so() -> None:
     assert seen.problem is not None and seen.problem[0] == "PrometheusUnreachable"
 
 
-def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None:
+def _condition(
+    before: tuple[Condition, ...], seen: Observed, at: dt.datetime
+) -> tuple[Condition, ...]:
     spec = parse_spec({"model": {"version": "v1", "uri": "/m"}})
-    missing = source_condition({}, Observed(problem=("NoData", "no series")), spec, 3, NOW)
-    (c,) = missing
+    return with_conditions(before, [source_condition(seen, spec)], [], 3, at)
+
+
+def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None:
+    missing = _condition((), Observed(problem=("NoData", "no series")), NOW)
+    (c,) = (x.for_storage() for x in missing)
     assert (c["type"], c["status"], c["reason"], c["observedGeneration"]) == (
         "TTLSource",
         "False",
@@ -52,13 +65,50 @@ def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None
         3,
     )
     later = NOW + dt.timedelta(minutes=1)
-    measured = source_condition({"conditions": missing}, Observed(2.0, 0.9), spec, 3, later)
-    (c,) = measured
+    measured = _condition(missing, Observed(2.0, 0.9), later)
+    (c,) = (x.for_storage() for x in measured)
     assert (c["status"], c["reason"]) == ("True", "Measured")
-    assert c["lastTransitionTime"] != missing[0]["lastTransitionTime"]
+    assert c["lastTransitionTime"] != missing[0].last_transition_time
     # measured again: nothing changes, so nothing is written
-    again = source_condition({"conditions": measured}, Observed(2.5, 0.8), spec, 3, later)
+    again = _condition(measured, Observed(2.5, 0.8), later + dt.timedelta(minutes=1))
     assert again == measured
+
+
+def _pass(spec: dict, status: Status) -> Pass:
+    instance = Instance("feed", "prod", "uid-1", 3)
+    return Pass(None, instance, parse_spec(spec), status, NOW)  # type: ignore[arg-type]
+
+
+def test_the_tuner_measures_when_due_says_why_it_has_no_interval_and_waits_its_period(
+    prometheus: str,
+) -> None:
+    ttl = {"mode": "auto", "source": {"type": "prometheus", "prometheus": {"url": prometheus}}}
+    spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": {**ttl, "intervalSeconds": 60}}
+    p = _pass(spec, Status())
+    tuned, report = reconcile_ttl(p, p.spec, None)
+    assert tuned.measured and tuned.ttl is None  # no interval measured: no TTL invented
+    (c,) = report.conditions
+    assert (c.type, c.ok, c.reason) == ("TTLSource", False, "NoData")
+    assert report.due_in == 60
+    # measured 20 s ago by this process: not due, nothing read, nothing changes
+    later = dataclasses.replace(p, now=NOW + dt.timedelta(seconds=20))
+    again, waiting = reconcile_ttl(later, p.spec, NOW)
+    assert not again.measured and waiting.conditions == () and waiting.due_in == 40
+
+
+def test_a_fixed_ttl_is_published_at_once_and_drops_the_source_condition(prometheus: str) -> None:
+    source = {"type": "prometheus", "prometheus": {"url": prometheus}}  # the hit ratio's
+    ttl = {"mode": "fixed", "fixedSeconds": 42, "source": source}
+    spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": ttl}
+    earlier = Condition("TTLSource", False, "NoData", "none", 2, "2026-11-30T11:00:00Z")
+    p = _pass(spec, Status(conditions=(earlier,), observed_at="2026-11-30T11:59:50Z"))
+    tuned, report = reconcile_ttl(p, p.spec, NOW)  # due or not: a new fixed TTL applies
+    assert tuned.ttl is not None and (tuned.ttl.seconds, tuned.ttl.source) == (42, "fixed")
+    assert report.removed == ("TTLSource",)
+    assert [e[1] for e in report.events] == ["TTLUpdated"]
+    # the ConfigMap the versions reconciler writes carries it
+    cm = config_map(p.spec, "feed", "prod", tuned.ttl.seconds)
+    assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == 42
 
 
 def test_a_ratio_without_traffic_is_no_data_not_nan(prometheus: str) -> None:

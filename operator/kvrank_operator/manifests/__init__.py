@@ -4,7 +4,7 @@ Every function takes the typed spec (and the resource's name/namespace) and retu
 dicts; no API calls, no randomness except where a caller passes it in. Owner references
 are added by the reconciler, which knows the owner's UID. ``ranker`` builds the serving
 side, ``redis`` the managed Redis Cluster, ``common`` what both share, and ``desired``
-lists everything that should exist now (the reconciler's apply set).
+lists everything that should exist now (the reconcilers' apply sets).
 """
 
 from kvrank_operator.manifests.common import (
@@ -21,7 +21,7 @@ from kvrank_operator.manifests.common import (
     tls_secret_name,
     version_labels,
 )
-from kvrank_operator.manifests.desired import Desired, desired_objects
+from kvrank_operator.manifests.desired import Desired, desired_rankers, desired_redis
 from kvrank_operator.manifests.ranker import (
     POD_MONITOR_API,
     PROMETHEUS_SELECTOR,
@@ -47,7 +47,8 @@ __all__ = [
     "config_map",
     "deployment",
     "deployment_name",
-    "desired_objects",
+    "desired_rankers",
+    "desired_redis",
     "labels",
     "managed_redis",
     "password_secret",

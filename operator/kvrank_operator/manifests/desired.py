@@ -1,4 +1,4 @@
-"""Everything a ``RankerDeployment`` should own right now, as one list: the apply set.
+"""Everything a ``RankerDeployment`` should own right now: the apply sets, one per concern.
 
 Pure: the typed spec, the TTL in force and freshly generated Redis secrets (a password and,
 with TLS, certificates: used only if their Secrets do not exist yet) in; :class:`Desired`
@@ -28,18 +28,13 @@ class Desired:
         return str(self.obj["kind"])
 
 
-def desired_objects(
-    spec: RankerSpec,
-    instance: str,
-    namespace: str,
-    ttl_s: float | None,
-    password: str,
-    tls: dict[str, str] | None = None,
+def desired_rankers(
+    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None
 ) -> list[Desired]:
+    """The serving side: the ranker ConfigMap (with the TTL in force), one Deployment per
+    live model version, the Services and the PodDisruptionBudget, in the order they are
+    applied."""
     out = [Desired(config_map(spec, instance, namespace, ttl_s))]
-    if spec.cache.redis.mode == "managed":
-        for obj in managed_redis(spec, instance, namespace, password, tls):
-            out.append(Desired(obj, create_only=obj["kind"] in ("Secret", "Job")))
     for version, role in spec.versions():
         uri, sha256 = spec.artifact_of(role)
         replicas = spec.replicas_of(role)
@@ -50,3 +45,20 @@ def desired_objects(
     out += [Desired(svc) for svc in services(spec, instance, namespace)]
     out.append(Desired(pod_disruption_budget(instance, namespace)))
     return out
+
+
+def desired_redis(
+    spec: RankerSpec,
+    instance: str,
+    namespace: str,
+    password: str,
+    tls: dict[str, str] | None = None,
+) -> list[Desired]:
+    """The managed Redis Cluster (none for an external Redis); its Secrets and bootstrap Job
+    are created once, never updated."""
+    if spec.cache.redis.mode != "managed":
+        return []
+    return [
+        Desired(obj, create_only=obj["kind"] in ("Secret", "Job"))
+        for obj in managed_redis(spec, instance, namespace, password, tls)
+    ]

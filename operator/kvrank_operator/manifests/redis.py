@@ -90,70 +90,41 @@ def managed_redis(
     r, name = spec.cache.redis, redis_name(instance)
     rl = labels(instance, "redis")
 
-    def meta(suffix: str = "") -> dict[str, Any]:
-        return {"name": name + suffix, "namespace": namespace, "labels": rl}
+    def obj(api: str, kind: str, suffix: str = "", **body: Any) -> dict[str, Any]:
+        meta = {"name": name + suffix, "namespace": namespace, "labels": rl}
+        return {"apiVersion": api, "kind": kind, "metadata": meta, **body}
 
     generated_tls = []
     if r.tls and not r.tls_secret:
         assert tls is not None, "managed Redis with TLS needs generated material"
-        generated_tls.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": meta("-tls"),
-                "type": "kubernetes.io/tls",
-                "stringData": tls,
-            }
-        )
+        generated_tls.append(obj("v1", "Secret", "-tls", type="kubernetes.io/tls", stringData=tls))
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": meta("-conf"),
-            "data": {"redis.conf": _redis_conf(r)},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": meta("-auth"),
-            "type": "Opaque",
-            "stringData": {"password": password},
-        },
+        obj("v1", "ConfigMap", "-conf", data={"redis.conf": _redis_conf(r)}),
+        obj("v1", "Secret", "-auth", type="Opaque", stringData={"password": password}),
         *generated_tls,
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": meta("-headless"),
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": True,
-                "selector": rl,
-                "ports": [
-                    {"name": "redis", "port": REDIS_PORT},
-                    {"name": "bus", "port": REDIS_PORT + 10000},
-                ],
-            },
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": meta(),
-            "spec": _sts(r, instance, rl),
-        },
-        _bootstrap_job(r, instance, namespace, meta("-bootstrap")),
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": meta(),
-            "spec": _network_policy(instance, rl),
-        },
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": meta(),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": rl}},
-        },
+        obj("v1", "Service", "-headless", spec=_headless_service(rl)),
+        obj("apps/v1", "StatefulSet", spec=_sts(r, instance, rl)),
+        _bootstrap_job(r, instance, namespace, obj("batch/v1", "Job", "-bootstrap")["metadata"]),
+        obj("networking.k8s.io/v1", "NetworkPolicy", spec=_network_policy(instance, rl)),
+        obj(
+            "policy/v1",
+            "PodDisruptionBudget",
+            spec={"maxUnavailable": 1, "selector": {"matchLabels": rl}},
+        ),
     ]
+
+
+def _headless_service(selector: dict[str, str]) -> dict[str, Any]:
+    """Stable DNS names for the nodes, ready or not (a forming cluster needs them all)."""
+    return {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": selector,
+        "ports": [
+            {"name": "redis", "port": REDIS_PORT},
+            {"name": "bus", "port": REDIS_PORT + 10000},
+        ],
+    }
 
 
 def _nodes(r: RedisSpec) -> int:

@@ -1,0 +1,102 @@
+"""Cache namespaces: one per live model version, retired and purged once it is gone.
+
+A live version's namespace is ``ACTIVE``. A version that leaves the spec retires its
+namespace: a stable's is kept for ``cache.retiredNamespaceGraceSeconds`` (a rollback within
+it finds the entries warm), an aborted canary's is worthless at once. The grace period
+counts from the version's last pod (a draining pod would write into a purged namespace).
+Then a Job deletes the namespace's keys (``PURGING``) and, once it succeeded, ``PURGED``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+
+from kvrank_operator import manifests as m
+from kvrank_operator.clock import iso, parse_iso
+from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.reconcilers.observe import Observed
+from kvrank_operator.spec import RankerSpec, namespace_for
+from kvrank_operator.state import CacheNamespace, NamespaceState
+
+ACTIVE, RETIRED = NamespaceState.ACTIVE, NamespaceState.RETIRED
+PURGING, PURGED = NamespaceState.PURGING, NamespaceState.PURGED
+
+
+def reconcile(
+    p: Pass, live: RankerSpec, seen: Observed
+) -> tuple[tuple[CacheNamespace, ...], Report]:
+    events: list[Event] = []
+    versions = dict(live.versions())
+    entries = _activate(p.prior.cache_namespaces, versions, p.now, events)
+    entries = [e if e.version in versions else _step(p, live, e, seen, events) for e in entries]
+    due = [d for e in entries if (d := e.purge_due_in(p.now)) is not None]
+    return tuple(entries), Report(events=tuple(events), due_in=min(due, default=math.inf))
+
+
+def _activate(
+    entries: tuple[CacheNamespace, ...], live: dict[str, str], now: dt.datetime, events: list[Event]
+) -> list[CacheNamespace]:
+    """Every live version with an active namespace in its current role; a version back
+    after its namespace retired starts a new one."""
+    kept = [
+        dataclasses.replace(e, role=live[e.version]) if e.version in live else e
+        for e in entries
+        if e.version not in live or e.state is ACTIVE
+    ]
+    active = {e.version for e in kept if e.state is ACTIVE}
+    for version, role in live.items():
+        if version in active:
+            continue
+        namespace = namespace_for(version)
+        kept.append(CacheNamespace(version, namespace, role, ACTIVE, iso(now)))
+        why = f"{role} version {version} uses namespace {namespace}"
+        events.append(("Normal", "CacheNamespaceActive", why))
+    return kept
+
+
+def _step(
+    p: Pass, live: RankerSpec, e: CacheNamespace, seen: Observed, events: list[Event]
+) -> CacheNamespace:
+    """A namespace of a version no longer live, one state further where one is due."""
+    if e.state is ACTIVE:
+        e = _retire(live, e, p.now, events)
+    if e.state is RETIRED and e.version in seen.serving:
+        # a pod of the retired version (even one draining) would write new entries into
+        # the namespace after the purge: the grace period counts from its last pod
+        return dataclasses.replace(e, purge_after=_purge_after(live, e, p.now))
+    if e.state is RETIRED and parse_iso(e.purge_after or e.since) <= p.now:
+        job = m.purge_job(live, p.instance.name, p.instance.namespace, e.namespace, e.since)
+        p.kube.create_if_absent(job, p.instance.owner)
+        name = job["metadata"]["name"]
+        why = f"purging namespace {e.namespace} (Job {name})"
+        events.append(("Normal", "CacheNamespacePurging", why))
+        return dataclasses.replace(e, state=PURGING, job=name)
+    if e.state is PURGING and e.job in seen.finished_jobs:
+        events.append(("Normal", "CacheNamespacePurged", f"namespace {e.namespace} purged"))
+        return dataclasses.replace(e, state=PURGED, since=iso(p.now))
+    return e
+
+
+def _retire(
+    live: RankerSpec, e: CacheNamespace, now: dt.datetime, events: list[Event]
+) -> CacheNamespace:
+    aborted = e.role == "canary"
+    retired = dataclasses.replace(
+        e, state=RETIRED, since=iso(now), purge_after=_purge_after(live, e, now)
+    )
+    why = "canary aborted" if aborted else f"purge in {_grace(live, e)}s"
+    reason = "CanaryAborted" if aborted else "CacheNamespaceRetired"
+    events.append(("Normal", reason, f"namespace {e.namespace} retired ({why})"))
+    return retired
+
+
+def _purge_after(live: RankerSpec, e: CacheNamespace, now: dt.datetime) -> str:
+    return iso(now + dt.timedelta(seconds=_grace(live, e)))
+
+
+def _grace(live: RankerSpec, e: CacheNamespace) -> int:
+    """An aborted canary's entries are worthless at once; a retired stable's are kept for a
+    grace period (a rollback within it finds them warm)."""
+    return 0 if e.role == "canary" else live.cache.retired_namespace_grace_seconds

@@ -1,0 +1,148 @@
+"""One read of what the cluster reports about a RankerDeployment, shared by the reconcilers.
+
+Deployments and pods per model version, finished purge Jobs, the managed Redis's nodes. It
+reads; it never decides or writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kvrank_operator import manifests as m
+from kvrank_operator.certs import CA_FILE
+from kvrank_operator.kube import Kube
+from kvrank_operator.spec import RankerSpec
+
+
+@dataclass(frozen=True)
+class ObservedRedis:
+    want: int
+    ready: int
+    formed: bool
+    """The bootstrap Job succeeded once: from then on the nodes themselves are asked."""
+    addresses: list[str]
+    password: str | None
+    tls_ca: str | None = None
+    """The CA certificate (PEM) its nodes' TLS certificates are signed by; ``None``: no TLS."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    deployments: dict[str, dict[str, Any]]
+    """model version → its Deployment (old ones included)."""
+    serving: set[str]
+    """Versions that still have pods, draining ones included."""
+    start_failures: dict[str, str]
+    """version → why one of its pods failed to start (its termination message's last line)."""
+    finished_jobs: set[str]
+    """Purge Jobs that succeeded."""
+    redis: ObservedRedis | None
+    """``None`` for an external Redis."""
+
+    def want(self, spec: RankerSpec, version: str, role: str) -> int:
+        """Desired replicas: from the spec, or from the Deployment when an autoscaler owns
+        it."""
+        if spec.model.external_replicas:
+            dep = self.deployments.get(version) or {}
+            return int((dep.get("spec") or {}).get("replicas") or 1)
+        return spec.replicas_of(role)
+
+    def ready(self, spec: RankerSpec, version: str, role: str) -> bool:
+        """The version's Deployment has rolled out and has all its replicas Ready."""
+        dep = self.deployments.get(version)
+        if dep is None:
+            return False
+        want = self.want(spec, version, role)
+        st = dep.get("status") or {}
+        return (
+            st.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
+            and (st.get("readyReplicas") or 0) >= want
+            and (st.get("updatedReplicas") or 0) >= want
+        )
+
+    def ready_replicas(self, version: str) -> int:
+        status = (self.deployments.get(version) or {}).get("status") or {}
+        return int(status.get("readyReplicas") or 0)
+
+
+def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
+    """Everything the reconcilers decide on, read once."""
+    deployments = {
+        str(d["metadata"]["labels"].get("kvrank.io/version")): d
+        for d in kube.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
+    }
+    pods = kube.list("v1", "Pod", ns, m.labels(name))
+    serving = {str(p["metadata"]["labels"].get("kvrank.io/version")) for p in pods}
+    failures = {
+        str(p["metadata"]["labels"].get("kvrank.io/version")): why
+        for p in pods
+        if (why := start_failure(p)) is not None
+    }
+    finished = {
+        j["metadata"]["name"]
+        for j in kube.list("batch/v1", "Job", ns, m.labels(name, "purge"))
+        if (j.get("status") or {}).get("succeeded")
+    }
+    redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
+    return Observed(deployments, serving, failures, finished, redis)
+
+
+def start_failure(pod: dict[str, Any]) -> str | None:
+    """Why a pod's ranker keeps failing to start (the last line of its termination
+    message), or ``None``."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("ready"):
+            continue
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode"):
+                lines = [ln for ln in (ended.get("message") or "").splitlines() if ln.strip()]
+                reason = _log_message(lines[-1]) if lines else ended.get("reason") or "exited"
+                return f"{reason[:300]} (exit code {ended['exitCode']})"
+    return None
+
+
+def _log_message(line: str) -> str:
+    """A log line's message: the ``message`` of a JSON line (the ranker's format), else the
+    line."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return line
+    return str(doc.get("message", line)) if isinstance(doc, dict) else line
+
+
+def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> ObservedRedis:
+    sts = kube.get("apps/v1", "StatefulSet", ns, m.redis_name(name)) or {}
+    job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
+    formed = bool((job.get("status") or {}).get("succeeded"))
+    addresses: list[str] = []
+    password = None
+    tls_ca = None
+    if formed:
+        pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
+        addresses = sorted(
+            f"{p['status']['podIP']}:{m.REDIS_PORT}"
+            for p in pods
+            if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
+        )
+        password = _secret_value(kube, ns, f"{m.redis_name(name)}-auth", "password")
+        tls_secret = m.tls_secret_name(name, spec.cache.redis)
+        tls_ca = _secret_value(kube, ns, tls_secret, CA_FILE) if tls_secret else None
+    return ObservedRedis(
+        want=(sts.get("spec") or {}).get("replicas", 0),
+        ready=(sts.get("status") or {}).get("readyReplicas") or 0,
+        formed=formed,
+        addresses=addresses,
+        password=password,
+        tls_ca=tls_ca,
+    )
+
+
+def _secret_value(kube: Kube, ns: str, name: str, key: str) -> str | None:
+    secret = kube.get("v1", "Secret", ns, name) or {}
+    encoded = (secret.get("data") or {}).get(key)
+    return base64.b64decode(encoded).decode() if encoded else None

@@ -1,0 +1,93 @@
+"""The model versions' serving objects: ConfigMap, Deployments, Services, disruption budget.
+
+``apply`` sends the desired set for the spec as the rollout applies it (the TTL in force is
+one of its inputs: the ConfigMap has this one writer). ``reconcile`` removes a version that
+is no longer live — only once the stable version is Ready, so nothing is removed under
+traffic — and reports ``Ready``, ``Progressing``, ``CanaryReady`` and ``RankersStarted``
+with the counts ``kubectl get`` and the scale subresource read.
+"""
+
+from __future__ import annotations
+
+from kvrank_operator import manifests as m
+from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.reconcilers.observe import Observed
+from kvrank_operator.spec import RankerSpec
+from kvrank_operator.state import ConditionUpdate, Serving, VersionStatus
+
+
+def apply(p: Pass, live: RankerSpec, ttl_s: float | None) -> None:
+    for d in m.desired_rankers(live, p.instance.name, p.instance.namespace, ttl_s):
+        p.kube.apply(d.obj, p.instance.owner)
+
+
+def reconcile(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Serving, Report]:
+    events: tuple[Event, ...] = ()
+    if seen.ready(live, live.model.version, "stable"):
+        events = _remove_old_versions(p, live, seen)
+    serving = _serving(p, live, seen)
+    return serving, Report(_conditions(live, seen, serving), _removed(live), events)
+
+
+def _remove_old_versions(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Event, ...]:
+    versions = dict(live.versions())
+    ns, name = p.instance.namespace, p.instance.name
+    events: list[Event] = []
+    for version, dep in seen.deployments.items():
+        if version in versions:
+            continue
+        p.kube.delete("apps/v1", "Deployment", ns, dep["metadata"]["name"])
+        p.kube.delete("v1", "Service", ns, m.deployment_name(name, version))
+        why = f"removed model version {version}: stable {live.model.version} is Ready"
+        events.append(("Normal", "VersionRemoved", why))
+    return tuple(events)
+
+
+def _serving(p: Pass, live: RankerSpec, seen: Observed) -> Serving:
+    versions = tuple(
+        VersionStatus(version, role, seen.want(live, version, role), seen.ready_replicas(version))
+        for version, role in live.versions()
+    )
+    total = sum(v.replicas for v in versions)
+    return Serving(
+        versions=versions,
+        replicas=live.model.replicas,
+        selector=",".join(f"{k}={v}" for k, v in m.ranker_selector(p.instance.name).items()),
+        ready_text=f"{sum(v.ready_replicas for v in versions)}/{total}",
+    )
+
+
+def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[ConditionUpdate, ...]:
+    all_ready = all(seen.ready(live, v.version, v.role) for v in serving.versions)
+    leftovers = [v for v in seen.deployments if v not in dict(live.versions())]
+    ready = all_ready and not leftovers
+    waiting = [v.version for v in serving.versions if v.ready_replicas < v.replicas]
+    if ready:
+        msg = "all versions Ready"
+    elif not all_ready:
+        msg = f"waiting for {', '.join(waiting) or 'rollout'}"
+    else:
+        msg = f"removing old versions {leftovers}"
+    out = [
+        ConditionUpdate("Ready", ready, "AllReady" if ready else "Waiting", msg),
+        ConditionUpdate("Progressing", not ready, "Rolling" if not ready else "Stable", msg),
+    ]
+    if live.canary is not None:
+        ok = any(v.role == "canary" and v.ready_replicas >= v.replicas for v in serving.versions)
+        message = f"canary {live.canary.version} at weight {live.canary.weight}"
+        out.append(ConditionUpdate("CanaryReady", ok, "Ready" if ok else "Waiting", message))
+    failing = {v: why for v, why in seen.start_failures.items() if v in dict(live.versions())}
+    message = "; ".join(f"{v}: {why}" for v, why in sorted(failing.items()))
+    out.append(
+        ConditionUpdate(
+            "RankersStarted",
+            not failing,
+            "StartFailed" if failing else "Started",
+            message or "no ranker pod failed to start",
+        )
+    )
+    return tuple(out)
+
+
+def _removed(live: RankerSpec) -> tuple[str, ...]:
+    return ("CanaryReady",) if live.canary is None else ()
