@@ -8,9 +8,12 @@ commands so that ``kvrank --help`` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from kvrank.server.config import ServerConfig
 
 app = typer.Typer(
     help="kvrank: ranking with a cached user-side K/V (data-plane tools).",
@@ -130,12 +133,6 @@ def serve(
     ] = False,
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
-    from pydantic import ValidationError
-
-    from kvrank.errors import ArtifactError, DeviceError
-    from kvrank.model.artifact import resolve_artifact
-    from kvrank.model.device import resolve_device
-    from kvrank.server.config import load_config
     from kvrank.server.process import serve as serve_app
 
     overrides: dict[str, object] = {
@@ -151,30 +148,40 @@ def serve(
     }
     if redis:
         overrides["redis"] = {"url": redis, "cluster": redis_cluster}
+    serve_app(_servable_config(overrides))
+
+
+def _servable_config(overrides: dict[str, object]) -> ServerConfig:
+    """The config, once it parses, names a device this machine has and a model artifact
+    that exists (a URL is downloaded now): each refusal exits 2 saying why, before the port
+    opens (told to use a GPU it does not have, a pod never falls back to the CPU silently)."""
+    from pydantic import ValidationError
+
+    from kvrank.errors import ArtifactError, DeviceError
+    from kvrank.model.artifact import resolve_artifact
+    from kvrank.model.device import resolve_device
+    from kvrank.server.config import load_config
+
     try:
         cfg = load_config(overrides)
     except (ValidationError, ValueError, OSError) as exc:
-        typer.secho(f"kvrank serve: invalid configuration: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from exc
-    try:  # told to use a GPU it does not have, a pod exits saying so (never a silent CPU)
+        _refuse(f"invalid configuration: {exc}", exc)
+    try:
         resolve_device(cfg.device)
-    except DeviceError as exc:
-        typer.secho(f"kvrank serve: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from exc
-    try:  # a URL is downloaded now, so a bad location fails before the port opens
         local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
-    except ArtifactError as exc:
-        typer.secho(f"kvrank serve: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from exc
+    except (DeviceError, ArtifactError) as exc:
+        _refuse(str(exc), exc)
     if not (local / "config.json").is_file():
-        typer.secho(
-            f"kvrank serve: no model artifact at {cfg.model_dir} (config.json missing);"
-            " train one with `kvrank train --out DIR`",
-            fg=typer.colors.RED,
-            err=True,
+        _refuse(
+            f"no model artifact at {cfg.model_dir} (config.json missing);"
+            " train one with `kvrank train --out DIR`"
         )
-        raise typer.Exit(code=2)
-    serve_app(cfg)
+    return cfg
+
+
+def _refuse(why: str, cause: BaseException | None = None) -> NoReturn:
+    typer.secho(f"kvrank serve: {why}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2) from cause
 
 
 @app.command("check-model")

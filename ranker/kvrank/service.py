@@ -10,20 +10,29 @@ ends in a computed, correct score.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor
 
-from kvrank.cache import CacheKey, Created, Outcome, TieredCache, sequence_chain
+from kvrank.cache import CacheKey, Created, Outcome, TieredCache, TTLSettings, sequence_chain
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
-from kvrank.model.features import check_candidates, check_user
+from kvrank.model.features import (
+    check_candidates,
+    check_user,
+    example_candidates,
+    example_user,
+)
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
 from kvrank.runner import ModelRunner
+
+log = logging.getLogger("kvrank.service")
 
 
 @dataclass
@@ -73,6 +82,34 @@ class RankingService:
     async def close(self) -> None:
         await self.cache.close()
         self.runner.close()
+
+    async def warm_up(self) -> None:
+        """One encode and one score, and the L2 connection (a Redis Cluster client discovers
+        its slots on first use), so the first real request does not pay for lazy init and
+        does not miss L2 because discovery overran the per-operation timeout."""
+        gen = torch.Generator().manual_seed(0)
+        user = example_user(self.features, 1, gen)
+        cands = example_candidates(self.features, 2, gen)
+        kv = await self.runner.run(self.model.encode_user, user)
+        await self.runner.run(self.model.score, kv, cands)
+        if not await self.cache.ping():
+            log.warning("L2 not reachable at startup; serving from L1 until it is")
+
+    def set_ttl(self, settings: TTLSettings) -> None:
+        """The TTL policy from now on (a reloaded config file); entries keep theirs."""
+        self.cache.ttl.settings = settings
+
+    @property
+    def ttl_settings(self) -> TTLSettings:
+        return self.cache.ttl.settings
+
+    def current_ttl(self) -> float:
+        """The TTL a new entry gets now (measured or fixed), before jitter."""
+        return self.cache.ttl.current()
+
+    async def invalidate_user(self, user_id: str) -> int:
+        """Drop every cached entry of ``user_id`` (both tiers); how many were removed."""
+        return await self.cache.invalidate_user(user_id)
 
     async def score(self, user_id: str, user: UserInput, cands: CandidateInput) -> ScoreResult:
         start = time.perf_counter()

@@ -13,10 +13,12 @@ channel, which cost about a millisecond a request here — a tenth of a quick-si
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -28,8 +30,20 @@ from kvrank.server import logs
 
 log = logging.getLogger("kvrank.server")
 MAX_REQUEST_ID = 128
-ACCESS_FIELDS = ("user", "cache", "candidates", "model_version")
-"""Set by the scoring route on ``request.state``; copied into its access line."""
+
+
+@dataclass
+class AccessRecord:
+    """What the scoring route knows of a request that its access line records; the route
+    puts it on ``request.state.access`` and fills it in as it goes (a request refused
+    half-way still logs what was known)."""
+
+    user: str | None = None
+    """The user id's keyed hash (never the id itself)."""
+    cache: str | None = None
+    """The cache outcome (``l1``, ``l2``, ``incremental``, ``miss``, ``none``)."""
+    candidates: int | None = None
+    model_version: str | None = None
 
 
 def error_body(
@@ -136,7 +150,7 @@ class Edge:
                     "route": route,
                     "status": status,
                     "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
-                    **{k: state.get(k) for k in ACCESS_FIELDS},
+                    **dataclasses.asdict(state.get("access") or AccessRecord()),
                 }
             )
 

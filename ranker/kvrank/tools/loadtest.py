@@ -31,7 +31,7 @@ from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import ProcessStack, scrape
 from kvrank.tools.replay import Result, replay, summarize, warm_up
-from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
+from kvrank.tools.workload import Request, Workload, WorkloadSettings, workload_model
 
 
 @dataclass(frozen=True)
@@ -90,43 +90,84 @@ def run_load(
     settings = workload or prof.workload
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
     model_dir, origin = model_dir_for(model, tmp)
-    cfg = workload_model(model_dir)
+    requests = list(Workload(workload_model(model_dir), settings).requests(prof.cache_requests))
     with ProcessStack(tmp / "stack") as stack:
-        redis_url = stack.start_redis()
-        l2 = ["--redis", redis_url] if redis_url else []
-        # the pods of one side serve at once: the cores are split between them (more
-        # threads than cores only makes them wait on each other)
-        threads = max(1, len(os.sched_getaffinity(0)) // pods)
-        per_pod = ["--torch-threads", str(threads)]
-        cache_urls = [
-            stack.start_ranker(model_dir, *l2, "--namespace", "load", *per_pod) for _ in range(pods)
-        ]
-        nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *per_pod) for _ in range(pods)]
-        alone_url = stack.start_ranker(model_dir, "--no-cache")
-        wl = Workload(cfg, settings)
-        requests = list(wl.requests(prof.cache_requests))
-        oracle = sum(r.returning for r in requests) / len(requests)
+        m = _measure(stack, model_dir, requests, prof.alone_requests, pods, on_result)
+    return LoadRun(_summary(profile, origin, settings, pods, m), m.cache, m.nocache, m.alone)
 
-        def tag(name: str) -> Callable[[Result], None] | None:
-            return (lambda r: on_result(name, r)) if on_result else None
 
-        asyncio.run(warm_up(requests, [*cache_urls, *nocache_urls, alone_url]))
-        encodes_before = _encodes(cache_urls)
-        cache_results = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
-        nocache_results = asyncio.run(replay(requests, nocache_urls, 16, tag("nocache")))
-        one_by_one = [replace(r, at_s=0.0) for r in requests[: prof.alone_requests]]
-        alone_results = asyncio.run(replay(one_by_one, [alone_url], 1, tag("alone")))
-        full, incr = (
-            after - before
-            for after, before in zip(_encodes(cache_urls), encodes_before, strict=True)
-        )
-        l1_bytes = sum(scrape(u, "kvrank_l1_bytes") for u in cache_urls)
-    cache, nocache = summarize(cache_results), summarize(nocache_results)
-    alone = summarize(alone_results)
-    summary = {
+@dataclass(frozen=True)
+class _Measured:
+    """What one side-by-side run measured."""
+
+    cache: list[Result]
+    nocache: list[Result]
+    alone: list[Result]
+    oracle: float
+    """Share of requests an ideal cache could serve (their user's K/V was made before)."""
+    encodes: tuple[float, float]
+    """Full and incremental user encodes the cached side made during the run."""
+    l1_bytes: float
+    threads: int
+    """torch threads per pod."""
+    redis: bool
+
+
+def _measure(
+    stack: ProcessStack,
+    model_dir: Path,
+    requests: list[Request],
+    alone_requests: int,
+    pods: int,
+    on_result: Callable[[str, Result], None] | None,
+) -> _Measured:
+    """The same requests at the same moments on ``pods`` cached and ``pods`` no-cache
+    rankers (one Redis shared by the cached ones), then a no-cache ranker alone."""
+    redis_url = stack.start_redis()
+    l2 = ["--redis", redis_url] if redis_url else []
+    # the pods of one side serve at once: the cores are split between them (more
+    # threads than cores only makes them wait on each other)
+    threads = max(1, len(os.sched_getaffinity(0)) // pods)
+    per_pod = ["--torch-threads", str(threads)]
+    cache_urls = [
+        stack.start_ranker(model_dir, *l2, "--namespace", "load", *per_pod) for _ in range(pods)
+    ]
+    nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *per_pod) for _ in range(pods)]
+    alone_url = stack.start_ranker(model_dir, "--no-cache")
+
+    def tag(name: str) -> Callable[[Result], None] | None:
+        return (lambda r: on_result(name, r)) if on_result else None
+
+    asyncio.run(warm_up(requests, [*cache_urls, *nocache_urls, alone_url]))
+    encodes_before = _encodes(cache_urls)
+    cache = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
+    nocache = asyncio.run(replay(requests, nocache_urls, 16, tag("nocache")))
+    one_by_one = [replace(r, at_s=0.0) for r in requests[:alone_requests]]
+    alone = asyncio.run(replay(one_by_one, [alone_url], 1, tag("alone")))
+    full, incr = (
+        after - before for after, before in zip(_encodes(cache_urls), encodes_before, strict=True)
+    )
+    return _Measured(
+        cache,
+        nocache,
+        alone,
+        oracle=sum(r.returning for r in requests) / len(requests),
+        encodes=(full, incr),
+        l1_bytes=sum(scrape(u, "kvrank_l1_bytes") for u in cache_urls),
+        threads=threads,
+        redis=bool(redis_url),
+    )
+
+
+def _summary(
+    profile: str, origin: str, settings: WorkloadSettings, pods: int, m: _Measured
+) -> dict[str, Any]:
+    cache, nocache, alone = summarize(m.cache), summarize(m.nocache), summarize(m.alone)
+    full, incr = m.encodes
+    return {
         "profile": profile,
         "model": origin,
-        "redis": "redis-server (local)" if redis_url else "none installed: L1 only",
+        "redis": "redis-server (local)" if m.redis else "none installed: L1 only",
         "nocache_mode": (
             "the C full sequences per request batched in chunks, at the user's own length"
             " (no K/V cache); as many pods on the same threads, the same requests at the"
@@ -134,10 +175,10 @@ def run_load(
         ),
         "workload": settings.__dict__,
         "cache_pods": pods,
-        "torch_threads_per_pod": threads,
+        "torch_threads_per_pod": m.threads,
         "hit_ratio": cache["hit_ratio"],
-        "oracle_hit_ratio": oracle,
-        "hit_ratio_vs_oracle": cache["hit_ratio"] / oracle if oracle else 0.0,
+        "oracle_hit_ratio": m.oracle,
+        "hit_ratio_vs_oracle": cache["hit_ratio"] / m.oracle if m.oracle else 0.0,
         "l1_hit_ratio": cache["l1_hit_ratio"],
         "l2_hit_ratio": cache["l2_hit_ratio"],
         "incremental_ratio": cache["incremental_ratio"],
@@ -154,10 +195,9 @@ def run_load(
             "incremental": incr,
             "saved": cache["requests"] - cache["errors"] - full,
         },
-        "l1_bytes": l1_bytes,
+        "l1_bytes": m.l1_bytes,
         "errors": cache["errors"] + nocache["errors"] + alone["errors"],
     }
-    return LoadRun(summary, cache_results, nocache_results, alone_results)
 
 
 def _ratio(baseline_ms: float, cached_ms: float) -> float:

@@ -206,9 +206,9 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
 
 
 def test_ttl_hot_reloads_from_the_config_file(make_client, tmp_path, monkeypatch) -> None:
-    import kvrank.server.app as app_module
+    import kvrank.server.reload as reload
 
-    monkeypatch.setattr(app_module, "CONFIG_POLL_S", 0.05)
+    monkeypatch.setattr(reload, "CONFIG_POLL_S", 0.05)
     path = tmp_path / "ranker.yaml"
     path.write_text("ttl:\n  fixed_seconds: 42\n")
     client = make_client(config_file=str(path))

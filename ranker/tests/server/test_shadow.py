@@ -125,9 +125,9 @@ def test_sampling_and_target_reload_with_the_config_file(
 ) -> None:
     """What the operator does during a rollout: rewrite the pod's config file; shadowing
     starts without a restart."""
-    import kvrank.server.app as app_module
+    import kvrank.server.reload as reload
 
-    monkeypatch.setattr(app_module, "CONFIG_POLL_S", 0.05)
+    monkeypatch.setattr(reload, "CONFIG_POLL_S", 0.05)
     canary = spawn_server()
     path = tmp_path / "ranker.yaml"
     path.write_text("shadow:\n  sample: 0\n")

@@ -1,0 +1,65 @@
+"""Domain errors to HTTP answers, at the boundary only.
+
+- ``InputError`` and a body that fails the model's schema → 422 naming the field;
+- ``IncompatibleKVError`` → 409;
+- a streamed body over ``max_body_bytes`` → 413 naming ``body`` (a declared one is refused
+  by :mod:`kvrank.server.edge` before the app runs);
+- anything else → 500 with the request id and no stack trace (the edge).
+
+Every error answer has the one shape of :func:`kvrank.server.edge.error_body`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvrank.errors import IncompatibleKVError, InputError
+from kvrank.server.edge import BodyTooLarge, error_body
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(InputError, _bad_input)  # type: ignore[arg-type]
+    app.add_exception_handler(IncompatibleKVError, _incompatible)  # type: ignore[arg-type]
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first["loc"] if p != "body")
+    return _error(422, field, str(first["msg"]), request, details=_safe(exc.errors()))
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if isinstance(exc, BodyTooLarge):
+        return _error(413, "body", exc.detail, request)
+    return await http_exception_handler(request, exc)
+
+
+async def _bad_input(request: Request, exc: InputError) -> JSONResponse:
+    return _error(422, exc.field, exc.problem, request)
+
+
+async def _incompatible(request: Request, exc: IncompatibleKVError) -> JSONResponse:
+    return _error(409, None, str(exc), request)
+
+
+def _safe(errors: Any) -> list[dict[str, Any]]:
+    return [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg"))} for e in errors]
+
+
+def _error(
+    status: int,
+    field: str | None,
+    message: str,
+    request: Request,
+    details: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    request_id = getattr(request.state, "request_id", None)
+    return JSONResponse(error_body(message, request_id, field, details), status_code=status)

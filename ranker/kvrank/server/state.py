@@ -1,0 +1,54 @@
+"""What the running app knows between requests: one :class:`AppState`, on ``app.state``.
+
+Set by the app's lifespan (service, ready, the loaded model's request schema), changed by
+the config reloader (the shadow section) and by the process on drain (``ready``). Routes
+read it; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from kvrank.server import logs
+from kvrank.server.config import ServerConfig
+from kvrank.server.shadow import ShadowConfig, ShadowMirror
+from kvrank.service import RankingService
+
+
+@dataclass
+class AppState:
+    cfg: ServerConfig
+    service: RankingService | None = None
+    ready: bool = False
+    config_mtime: float = 0.0
+    shadow_config: ShadowConfig | None = None
+    """The shadow section in force (reloaded with the file)."""
+    shadow: ShadowMirror | None = None
+    startup_error: str | None = None
+    """Why the model was refused at start (artifact, device or a failed check)."""
+    request_model: type[BaseModel] = BaseModel
+    """The ``/v1/score`` body of the loaded model (set before ready)."""
+    user_hash: logs.UserHasher = field(init=False)
+    """Turns a user id into what the access line may show."""
+
+    def __post_init__(self) -> None:
+        self.user_hash = logs.UserHasher(self.cfg.log.user_key)
+
+    @property
+    def started(self) -> RankingService:
+        """The service, once the lifespan has built it."""
+        if self.service is None:
+            raise RuntimeError("service not started")
+        return self.service
+
+    def shadow_in_force(self) -> ShadowConfig:
+        return self.shadow_config or self.cfg.shadow
+
+
+def app_state(request: Request) -> AppState:
+    """The app's state (a FastAPI dependency)."""
+    state: AppState = request.app.state.kvrank
+    return state

@@ -1,0 +1,116 @@
+"""The composition root: a :class:`~kvrank.service.RankingService` from a ``ServerConfig``.
+
+Resolves the device and the artifact, loads the model and checks it (refused models never
+become ready), then builds the cache tiers, the metrics and the service. Runs on the model
+thread (see :mod:`kvrank.runner`): loading runs torch too. Nothing else in the server
+constructs a component.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from kvrank.cache import (
+    AdaptiveTTL,
+    CacheCollector,
+    CacheSettings,
+    L1Store,
+    RedisSettings,
+    RedisStore,
+    TieredCache,
+)
+from kvrank.errors import ArtifactError
+from kvrank.metrics import Metrics
+from kvrank.model.artifact import load_ranker, resolve_artifact
+from kvrank.model.checks import CheckPlan, check_model
+from kvrank.model.contract import CacheableRanker
+from kvrank.model.device import resolve_device
+from kvrank.model.golden import load_golden
+from kvrank.server.config import ServerConfig, redis_password
+from kvrank.service import RankingService, ServiceSettings
+
+log = logging.getLogger("kvrank.server")
+
+
+def build_service(cfg: ServerConfig) -> RankingService:
+    """Everything a server needs."""
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    device = resolve_device(cfg.device)
+    local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
+    model = load_ranker(local, device)
+    _check_identity(cfg, model)
+    log.info("model %s loaded on %s (%s)", model.version, device, type(model).__name__)
+    if cfg.check_model:
+        _check(cfg, model, local)
+    cache = TieredCache(
+        CacheSettings(
+            cfg.namespace,
+            model.version,
+            model.fingerprint(),
+            str(device),
+            lock_wait_s=cfg.lock_wait_ms / 1e3,
+        ),
+        L1Store(cfg.l1_bytes),
+        _l2(cfg),
+        AdaptiveTTL(cfg.ttl),
+    )
+    metrics = Metrics(model.version, cfg.namespace, device=str(device))
+    metrics.registry.register(CacheCollector(cache))
+    return RankingService(model, cache, _service_settings(cfg), metrics)
+
+
+def _check_identity(cfg: ServerConfig, model: CacheableRanker) -> None:
+    """The artifact is the version the config names, and offers the K/V dtype it asks for."""
+    if cfg.model_version is not None and model.version != cfg.model_version:
+        raise ArtifactError(
+            f"the artifact at {cfg.model_dir} is model version {model.version!r},"
+            f" expected model_version={cfg.model_version!r}"
+        )
+    if cfg.kv_dtype is not None and cfg.kv_dtype not in model.kv_dtypes:
+        raise ArtifactError(
+            f"kv_dtype={cfg.kv_dtype!r}: this model offers {sorted(model.kv_dtypes)} only"
+        )
+
+
+def _check(cfg: ServerConfig, model: CacheableRanker, local: Path) -> None:
+    """The load-time checks of the paths this config will use; a failure refuses the model."""
+    plan = CheckPlan(
+        thorough=False,  # the shapes that matter; `kvrank check-model` tries them all
+        kv_dtypes=(cfg.kv_dtype,) if cfg.kv_dtype else (),
+        score_many=cfg.microbatch_ms > 0,
+        extend=cfg.incremental != "off",
+        golden=load_golden(local, model.features),
+    )
+    report = check_model(model, plan)
+    for r in report.results:
+        log.info("model check %s: %s (%s)", r.name, "ok" if r.passed else "FAILED", r.detail)
+    report.raise_for_failure()
+
+
+def _l2(cfg: ServerConfig) -> RedisStore | None:
+    if not cfg.redis.url:
+        return None
+    return RedisStore(
+        RedisSettings(
+            cfg.redis.url,
+            cluster=cfg.redis.cluster,
+            password=redis_password(cfg.redis),
+            tls_ca_file=cfg.redis.tls_ca_file,
+            tls_check_hostname=cfg.redis.tls_check_hostname,
+            op_timeout_s=cfg.redis.op_timeout_ms / 1e3,
+        )
+    )
+
+
+def _service_settings(cfg: ServerConfig) -> ServiceSettings:
+    return ServiceSettings(
+        kv_dtype=cfg.kv_dtype,
+        incremental=cfg.incremental,
+        refresh_every=cfg.refresh_every,
+        cache_mode=cfg.cache_mode,
+        microbatch_ms=cfg.microbatch_ms,
+    )
