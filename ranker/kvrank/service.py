@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from kvrank.cache import CacheKey, Created, Outcome, TieredCache, TTLSettings, sequence_chain
+from kvrank.cache import Created, Outcome, Prefix, TieredCache, TTLSettings, sequence_chain
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
@@ -78,6 +78,8 @@ class RankingService:
         self.runner = ModelRunner(model, settings.microbatch_ms / 1e3, settings.microbatch_max)
         self.fingerprint = model.fingerprint()
         self.features = model.features
+        self._extends = isinstance(model, Extendable) and settings.incremental != "off"
+        """Whether a cached prefix is worth looking up for this model and these settings."""
 
     async def close(self) -> None:
         await self.cache.close()
@@ -126,7 +128,10 @@ class RankingService:
         key = self.cache.key(user_id, chain[-1])
         timings = {"hash": _ms(t)}
         found = await self.cache.get_or_create(
-            key, len(user), lambda: self._create(key, user, chain, timings)
+            key,
+            len(user),
+            lambda prefix: self._create(user, prefix),
+            chain if self._extends else None,
         )
         timings.update(found.timings_ms)
         t = time.perf_counter()
@@ -135,15 +140,10 @@ class RankingService:
         timings["total"] = _ms(start)
         return self._result(logits, found.outcome, timings)
 
-    async def _create(
-        self, key: CacheKey, user: UserInput, chain: list[str], timings: dict[str, float]
-    ) -> Created:
-        """Extend the longest cached prefix of the user's events, else encode them all."""
-        model = self.model
-        prefix = None
-        if isinstance(model, Extendable) and self.settings.incremental != "off":
-            prefix = await self.cache.find_prefix(key, chain)
+    async def _create(self, user: UserInput, prefix: Prefix | None) -> Created:
+        """Extend the cached prefix the cache found (when it may be), else encode it all."""
         t = time.perf_counter()
+        model = self.model
         if (
             prefix is not None
             and isinstance(model, Extendable)
@@ -151,13 +151,11 @@ class RankingService:
         ):
             new_events = user.slice(prefix.events)
             kv = await self.runner.run(model.extend_user, prefix.kv, new_events)
-            timings["extend"] = _ms(t)
             self.metrics.encodes["incremental"].inc()
-            return Created(kv, Outcome.INCREMENTAL)
+            return Created(kv, Outcome.INCREMENTAL, "extend", _ms(t))
         kv = await self.runner.run(self.model.encode_user, user, self.settings.kv_dtype)
-        timings["encode"] = _ms(t)
         self.metrics.encodes["full"].inc()
-        return Created(kv, Outcome.MISS)
+        return Created(kv, Outcome.MISS, "encode", _ms(t))
 
     def _may_extend(self, model: Extendable, kv: UserKV, n_new: int) -> bool:
         mode = self.settings.incremental

@@ -21,8 +21,8 @@ from kvrank.cache import (
     L1Store,
     RedisSettings,
     RedisStore,
-    TieredCache,
     encode_entry,
+    l1_and_redis,
 )
 from kvrank.model.kv import UserKV
 
@@ -30,7 +30,8 @@ from kvrank.model.kv import UserKV
 async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
     store = RedisStore(RedisSettings(url, op_timeout_s=10.0))
     # L1 holds nothing: every read below goes to Redis and through the entry codec
-    cache = TieredCache(CacheSettings("bench", kv.model_version, kv.fingerprint), L1Store(0), store)
+    settings = CacheSettings("bench", kv.model_version, kv.fingerprint)
+    cache = l1_and_redis(settings, L1Store(0), store)
     key = cache.key("u", "h")
     plain = aioredis.Redis.from_url(url)
     put_ms, get_ms, plain_ms = [], [], []

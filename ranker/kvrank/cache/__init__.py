@@ -2,14 +2,18 @@
 
 This package's names below are its whole surface: the service and the tools import from
 ``kvrank.cache`` only (an import contract holds them to it). Inside, data flows one way:
-``tiered`` composes stores that share one interface (``store``): ``l1`` keeps ``UserKV``
-objects on the model's device, ``redis_store`` keeps the bytes made by ``entry``. Every
+``tiered`` composes a list of stores that share one interface (``store``) and a separate
+cross-pod lock (``lock``): ``l1`` keeps ``UserKV`` objects on the model's device,
+``redis_store`` keeps the bytes made by ``entry`` and locks; ``compose`` builds the usual
+pair. Every
 tier failure is a miss, never an exception that reaches a request.
 """
 
+from kvrank.cache.compose import l1_and_redis
 from kvrank.cache.entry import decode_entry, encode_entry
 from kvrank.cache.keys import CacheKey, Head, sequence_chain
 from kvrank.cache.l1 import L1Store
+from kvrank.cache.lock import KeyLock, Lock, LockState
 from kvrank.cache.metrics import CONSTANT_LABELS, CacheCollector
 from kvrank.cache.redis_store import RedisSettings, RedisStore, purge_namespace
 from kvrank.cache.store import Store
@@ -17,9 +21,11 @@ from kvrank.cache.tiered import (
     LOCK_WAIT_S,
     CacheSettings,
     Created,
+    Creator,
     Lookup,
     Outcome,
     Prefix,
+    Tier,
     TieredCache,
 )
 from kvrank.cache.ttl import AdaptiveTTL, TTLSettings
@@ -32,8 +38,12 @@ __all__ = [
     "CacheKey",
     "CacheSettings",
     "Created",
+    "Creator",
     "Head",
+    "KeyLock",
     "L1Store",
+    "Lock",
+    "LockState",
     "Lookup",
     "Outcome",
     "Prefix",
@@ -41,9 +51,11 @@ __all__ = [
     "RedisStore",
     "Store",
     "TTLSettings",
+    "Tier",
     "TieredCache",
     "decode_entry",
     "encode_entry",
+    "l1_and_redis",
     "purge_namespace",
     "sequence_chain",
 ]

@@ -91,6 +91,12 @@ class L1Store:
         self._heads.pop(head_key(namespace, model_version, user_id), None)
         return len(keys)
 
+    async def ping(self) -> bool:
+        return True  # in this process: always there
+
+    async def close(self) -> None:
+        return None
+
     def _lookup(self, key: str) -> UserKV | None:
         """The synchronous read behind :meth:`get` (counts hits, misses, expiries)."""
         slot, segment = self._find(key)

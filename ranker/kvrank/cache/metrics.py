@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvrank.cache.l1 import L1Store
+from kvrank.cache.redis_store import RedisStore
 from kvrank.cache.tiered import TieredCache
 
 CONSTANT_LABELS = ("model_version", "cache_namespace")
@@ -20,8 +22,11 @@ pod's Kubernetes namespace), which would push this one aside to ``exported_names
 
 
 class CacheCollector(Collector):
-    def __init__(self, cache: TieredCache) -> None:
-        self.cache = cache
+    """The cache's lookups, single-flight and TTL, and the state of the tiers the server
+    built it from (their own counters: L1's bytes and evictions, Redis's errors)."""
+
+    def __init__(self, cache: TieredCache, l1: L1Store, l2: RedisStore | None) -> None:
+        self.cache, self.l1, self.l2 = cache, l1, l2
         self.values = [cache.settings.model_version, cache.settings.namespace]
 
     def collect(self) -> Iterator[Metric]:
@@ -79,13 +84,13 @@ class CacheCollector(Collector):
         yield family
 
     def _l1(self) -> Iterator[Metric]:
-        l1 = self.cache.l1
+        l1 = self.l1
         yield self._gauge("kvrank_l1_bytes", "Bytes held by L1", l1.nbytes)
         yield self._gauge("kvrank_l1_entries", "Entries held by L1", len(l1))
         yield self._counter("kvrank_l1_evictions", "L1 evictions", l1.stats.evictions)
 
     def _l2(self) -> Iterator[Metric]:
-        l2 = self.cache.l2
+        l2 = self.l2
         errors = l2.stats.errors if l2 is not None else 0
         is_open = l2 is not None and l2.breaker.state == "open"
         yield self._counter("kvrank_redis_errors", "Redis errors and timeouts", errors)

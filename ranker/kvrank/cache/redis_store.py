@@ -40,6 +40,7 @@ from redis.retry import Retry
 
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key, namespace_pattern
+from kvrank.cache.lock import Lock, LockState
 
 T = TypeVar("T")
 log = logging.getLogger("kvrank.cache.redis")
@@ -61,21 +62,6 @@ class _Failed(enum.Enum):
 
 
 UNAVAILABLE = _Failed.UNAVAILABLE
-
-
-class LockState(enum.Enum):
-    ACQUIRED = "acquired"
-    """This process holds the lock: it computes, writes, then releases."""
-    HELD = "held"
-    """Another process holds it: wait a bounded time for its entry."""
-    UNAVAILABLE = "unavailable"
-    """Redis could not answer: nobody can be waited for, compute at once."""
-
-
-@dataclass(frozen=True)
-class Lock:
-    state: LockState
-    token: str | None = None
 
 
 @dataclass

@@ -43,3 +43,11 @@ class Store(Protocol[V]):
     async def delete_user(self, namespace: str, model_version: str, user_id: str) -> int:
         """Remove every entry and the head of one user; returns the entries removed."""
         ...
+
+    async def ping(self) -> bool:
+        """Whether the tier answers now."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections (the cache closes its tiers once)."""
+        ...

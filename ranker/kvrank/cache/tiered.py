@@ -1,16 +1,19 @@
 """The tiered cache: the only cache object the scoring service talks to.
 
-``get_or_create(key, creator)`` is dogpile's regenerate: L1, then — once per key in this
-process (singleflight) — L2, then a cross-pod lock: the winner double-checks L2, runs the
-creator and puts the entry in L1; a loser waits a bounded time for the winner's entry and
-computes itself when it does not come. The winner writes the entry to L2 and frees the lock
-behind the request (write-behind), so no request waits for a SET: a production-size entry
-is ~9 MB, ~10 ms to write on loopback. Until it lands, the lock stays held, and a peer pod
-that misses waits for the entry as for any lock holder's. An L2 hit is promoted to L1.
-``find_prefix`` serves incremental extends: the entry of the longest cached prefix of a
-user's sequence, through the user's head record. The cache owns its TTL policy and the
-entry codec (L2 holds bytes). Every tier failure and every corrupt entry is a miss; this
-module never raises for one.
+The cache is a list of stores, nearest first (:class:`Tier`): *local* tiers hold ``UserKV``
+objects in this process (L1 on the model's device), *shared* tiers hold encoded entries
+other pods read too (L2 in Redis). Creation across pods is guarded by a separate
+:class:`~kvrank.cache.lock.KeyLock`. ``get_or_create(key, events, creator, chain)`` is
+dogpile's regenerate: the local tiers, then — once per key in this process (singleflight) —
+the shared tiers, then the lock: the winner double-checks, looks up the longest cached
+prefix of ``chain`` and hands it to the creator, and puts the new entry in the local tiers;
+a loser waits a bounded time for the winner's entry and computes itself when it does not
+come. The winner writes the entry to the shared tiers and frees the lock behind the request
+(write-behind), so no request waits for a SET: a production-size entry is ~9 MB, ~10 ms to
+write on loopback. Until it lands, the lock stays held, and a peer pod that misses waits
+for the entry as for any lock holder's. A hit in a farther tier is promoted to the nearer
+local ones. The cache owns its TTL policy and the entry codec (shared tiers hold bytes).
+Every tier failure and every corrupt entry is a miss; this module never raises for one.
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvrank.cache.entry import decode_entry, encode_entry
 from kvrank.cache.keys import CacheKey
-from kvrank.cache.l1 import L1Store
-from kvrank.cache.redis_store import Lock, LockState, RedisStore
+from kvrank.cache.lock import NO_LOCK, KeyLock, Lock, LockState
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
+from kvrank.cache.store import Store
 from kvrank.cache.ttl import AdaptiveTTL
 from kvrank.errors import CorruptEntryError
 from kvrank.model.kv import UserKV
@@ -47,10 +51,13 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Created:
-    """What a creator hands back: the entry and how it was made."""
+    """What a creator hands back: the entry, how it was made, and how long that took."""
 
     kv: UserKV
     outcome: Outcome
+    stage: str | None = None
+    """The timing stage the creator's work is reported under (``encode``, ``extend``)."""
+    ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,24 @@ class Prefix:
     kv: UserKV
     events: int
     """How many of the user's events it covers: extend with the ones after."""
+
+
+Creator = Callable[[Prefix | None], Awaitable[Created]]
+"""Makes a missing entry, given the cached entry of the longest prefix of the user's
+events (``None``: none, or the caller asked for none)."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One store in the cache's list."""
+
+    outcome: Outcome
+    """What a hit here is: the tier's name in answers and metrics (``l1``, ``l2``)."""
+    store: Store[Any]
+    shared: bool = False
+    """Other pods read and write it: it holds encoded entries (bytes), is read once per key
+    in this process (singleflight) and written behind the request. A local tier holds
+    ``UserKV`` objects in this process and is written inline."""
 
 
 @dataclass(frozen=True)
@@ -113,12 +138,17 @@ class CacheStats:
 @dataclass
 class TieredCache:
     settings: CacheSettings
-    l1: L1Store
-    l2: RedisStore | None = None
+    tiers: Sequence[Tier]
+    """Nearest first; the local ones before the shared ones."""
+    lock: KeyLock | None = None
+    """Guards creation across pods (``None``: nobody to share with, create at once)."""
     ttl: AdaptiveTTL = field(default_factory=AdaptiveTTL)
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
+        self._local = [t for t in self.tiers if not t.shared]
+        self._shared = [t for t in self.tiers if t.shared]
+        assert list(self.tiers) == [*self._local, *self._shared], "local tiers come first"
         self.flight: SingleFlight[Lookup] = SingleFlight()
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -127,138 +157,160 @@ class TieredCache:
         return CacheKey(s.namespace, s.model_version, user_id, seq_hash)
 
     async def get_or_create(
-        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None = None
     ) -> Lookup:
         """The entry for ``key`` from the nearest tier, or made once by ``creator``.
 
         ``events``: how many user events ``key``'s sequence has (kept in the user's head).
+        ``chain``: the sequence's prefix hashes (:func:`~kvrank.cache.keys.sequence_chain`)
+        when the creator can extend a cached prefix; ``None``: it is handed none.
         """
-        started = time.perf_counter()
-        kv = await self.l1.get(key)
-        self.stats.count("l1", kv is not None)
-        if kv is not None:
-            return Lookup(kv, Outcome.L1, {"l1": _ms(started)})
-        timings = {"l1": _ms(started)}
+        timings: dict[str, float] = {}
+        for i, tier in enumerate(self._local):
+            started = time.perf_counter()
+            kv = await tier.store.get(key)
+            timings[tier.outcome.value] = _ms(started)
+            self.stats.count(tier.outcome.value, kv is not None)
+            if kv is not None:
+                await self._promote(key, kv, events, self._local[:i])
+                return Lookup(kv, tier.outcome, timings)
         found = await self.flight.do(
-            key.to_string(), lambda: self._from_l2_or_create(key, events, creator)
+            key.to_string(), lambda: self._shared_or_create(key, events, creator, chain)
         )
         return Lookup(found.kv, found.outcome, {**timings, **found.timings_ms})
 
     async def find_prefix(self, key: CacheKey, chain: list[str]) -> Prefix | None:
         """The cached entry of the longest strict prefix of ``chain`` (``key``'s sequence)."""
-        head = await self.l2.head(key) if self.l2 is not None else None
-        head = head or await self.l1.head(key)  # L2 knows other pods' heads; L1 ours
+        head = None
+        for tier in (*self._shared, *self._local):  # shared tiers know other pods' heads
+            head = await tier.store.head(key)
+            if head is not None:
+                break
         if head is None or not 0 < head.length < len(chain) - 1:
             return None
         if chain[head.length] != head.seq_hash:
             return None  # the user's history changed, not just grew
         prefix = self.key(key.user_id, head.seq_hash)
-        kv = await self.l1.get(prefix)
+        kv = await self._local_entry(prefix)
         if kv is None:
-            kv = await self._l2_entry(prefix)
-            if kv is not None:  # promoted: the next extend of this user finds it in L1
-                await self.l1.put(prefix, kv, self.ttl.current(), head.length)
+            kv = await self._shared_entry(prefix)
+            if kv is not None:  # promoted: the next extend of this user finds it here
+                await self._promote(prefix, kv, head.length, self._local)
         return None if kv is None else Prefix(kv, head.length)
 
     async def get(self, key: CacheKey) -> UserKV | None:
-        """A plain read, L1 then L2, that creates and promotes nothing."""
-        kv = await self.l1.get(key)
-        return kv if kv is not None else await self._l2_entry(key)
+        """A plain read, nearest tier first, that creates and promotes nothing."""
+        kv = await self._local_entry(key)
+        return kv if kv is not None else await self._shared_entry(key)
 
     async def put(self, key: CacheKey, kv: UserKV, events: int) -> None:
-        """Write through: L1, then L2 with jitter on the TTL."""
+        """Write through every tier (the shared ones with jitter on the TTL)."""
         ttl = self.ttl.current()
-        await self.l1.put(key, kv, ttl, events)
-        if self.l2 is not None:
-            await self._put_l2(self.l2, key, kv, ttl, events)
-
-    async def _put_l2(
-        self, l2: RedisStore, key: CacheKey, kv: UserKV, ttl: float, events: int
-    ) -> None:
-        await l2.put(key, encode_entry(kv), self.ttl.jittered(ttl), events)
+        await self._promote(key, kv, events, self._local)
+        await self._put_shared(key, kv, ttl, events)
 
     async def invalidate_user(self, user_id: str) -> int:
-        """Drop every entry of one user (both tiers) and its head; returns entries removed."""
+        """Drop every entry of one user (every tier) and its head; returns entries removed."""
         s = self.settings
-        removed = await self.l1.delete_user(s.namespace, s.model_version, user_id)
-        if self.l2 is not None:
-            removed = max(removed, await self.l2.delete_user(s.namespace, s.model_version, user_id))
-        return removed
+        removed = [
+            await t.store.delete_user(s.namespace, s.model_version, user_id) for t in self.tiers
+        ]
+        return max(removed, default=0)
 
     async def ping(self) -> bool:
-        """Whether L2 answers (``True`` without L2: nothing to reach)."""
-        return self.l2 is None or await self.l2.ping()
+        """Whether every shared tier answers (``True`` without one: nothing to reach)."""
+        return all([await t.store.ping() for t in self._shared])
 
     async def flush(self) -> None:
-        """Wait until the entries being written to L2 behind requests have landed (or failed)."""
+        """Wait until the entries being written behind requests have landed (or failed)."""
         while self._writes:
             await asyncio.wait(list(self._writes))
 
     async def close(self) -> None:
         await self.flush()
-        if self.l2 is not None:
-            await self.l2.close()
+        for tier in self.tiers:
+            await tier.store.close()
 
-    async def _from_l2_or_create(
-        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+    async def _promote(self, key: CacheKey, kv: UserKV, events: int, tiers: list[Tier]) -> None:
+        for tier in tiers:
+            await tier.store.put(key, kv, self.ttl.current(), events)
+
+    async def _shared_or_create(
+        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None
     ) -> Lookup:
-        started = time.perf_counter()
-        kv, serde_ms = await self._read_l2(key)
-        timings = {"l2": _ms(started)} | ({} if serde_ms is None else {"serde": serde_ms})
-        if self.l2 is not None:
-            self.stats.count("l2", kv is not None)
-        if kv is not None:
-            await self.l1.put(key, kv, self.ttl.current(), events)
-            return Lookup(kv, Outcome.L2, timings)
-        found = await self._regenerate(key, events, creator)
-        return Lookup(found.kv, found.outcome, timings)
+        timings: dict[str, float] = {}
+        for tier in self._shared:
+            started = time.perf_counter()
+            kv, serde_ms = await self._read_shared(tier, key)
+            timings[tier.outcome.value] = _ms(started)
+            if serde_ms is not None:
+                timings["serde"] = serde_ms
+            self.stats.count(tier.outcome.value, kv is not None)
+            if kv is not None:
+                await self._promote(key, kv, events, self._local)
+                return Lookup(kv, tier.outcome, timings)
+        created = await self._regenerate(key, events, creator, chain)
+        if created.stage is not None:
+            timings[created.stage] = created.ms
+        return Lookup(created.kv, created.outcome, timings)
 
     async def _regenerate(
-        self, key: CacheKey, events: int, creator: Callable[[], Awaitable[Created]]
+        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None
     ) -> Created:
-        """Lock, peer wait, double-check, create, L1, write-behind (see module docstring)."""
-        lock = await self.l2.acquire(key, self.settings.lock_ttl_s) if self.l2 else _NO_LOCK
+        """Lock, peer wait, double-check, prefix, create, local tiers, write-behind (see
+        module docstring)."""
+        lock = await self.lock.acquire(key, self.settings.lock_ttl_s) if self.lock else NO_LOCK
         handed_over = False
         try:
             if lock.state is not LockState.UNAVAILABLE:
                 peer = await self._peer_entry(key, lock)
                 if peer is not None:
-                    await self.l1.put(key, peer, self.ttl.current(), events)
-                    return Created(peer, Outcome.L2)
-            created = await creator()
+                    await self._promote(key, peer, events, self._local)
+                    return Created(peer, self._shared[0].outcome)
+            prefix = await self.find_prefix(key, chain) if chain is not None else None
+            created = await creator(prefix)
             ttl = self.ttl.current()
-            await self.l1.put(key, created.kv, ttl, events)
+            for tier in self._local:
+                await tier.store.put(key, created.kv, ttl, events)
             handed_over = self._write_behind(key, created.kv, ttl, events, lock)
             return created
         finally:
-            if self.l2 is not None and not handed_over:
-                await self.l2.release(key, lock)
+            if self.lock is not None and not handed_over:
+                await self.lock.release(key, lock)
 
     def _write_behind(self, key: CacheKey, kv: UserKV, ttl: float, events: int, lock: Lock) -> bool:
-        """Start writing a new entry to L2, then freeing its lock; ``False`` if not started
-        (no L2, or too many writes in flight): the caller keeps the lock to free."""
-        if self.l2 is None:
+        """Start writing a new entry to the shared tiers, then freeing its lock; ``False`` if
+        not started (no shared tier, or too many writes in flight): the caller keeps the lock
+        to free."""
+        if not self._shared:
             return False
         if len(self._writes) >= MAX_PENDING_WRITES:
             self.stats.writes_dropped += 1
             return False
-        task = asyncio.create_task(self._write_l2(self.l2, key, kv, ttl, events, lock))
+        task = asyncio.create_task(self._write_shared(key, kv, ttl, events, lock))
         self._writes.add(task)
         task.add_done_callback(self._written)
         return True
 
-    async def _write_l2(
-        self, l2: RedisStore, key: CacheKey, kv: UserKV, ttl: float, events: int, lock: Lock
+    async def _write_shared(
+        self, key: CacheKey, kv: UserKV, ttl: float, events: int, lock: Lock
     ) -> None:
-        try:  # the store turns every Redis failure into False; nothing here raises for one
-            await self._put_l2(l2, key, kv, ttl, events)
+        try:  # a store turns every failure into False; nothing here raises for one
+            await self._put_shared(key, kv, ttl, events)
         finally:
-            await l2.release(key, lock)
+            if self.lock is not None:
+                await self.lock.release(key, lock)
+
+    async def _put_shared(self, key: CacheKey, kv: UserKV, ttl: float, events: int) -> None:
+        if self._shared:
+            data = encode_entry(kv)
+            for tier in self._shared:
+                await tier.store.put(key, data, self.ttl.jittered(ttl), events)
 
     def _written(self, task: asyncio.Task[None]) -> None:
         self._writes.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("writing an entry to L2 failed", exc_info=task.exception())
+            log.error("writing an entry to a shared tier failed", exc_info=task.exception())
 
     async def _peer_entry(self, key: CacheKey, lock: Lock) -> UserKV | None:
         """Another pod's entry: waited for while it holds the lock, or double-checked once we
@@ -266,23 +318,34 @@ class TieredCache:
         flight = self.flight.stats
         if lock.state is LockState.HELD:
             flight.remote_waits += 1
-            kv = await wait_for_peer(lambda: self._l2_entry(key), self.settings.lock_wait_s)
+            kv = await wait_for_peer(lambda: self._shared_entry(key), self.settings.lock_wait_s)
             if kv is None:
                 flight.remote_timeouts += 1
         else:
-            kv = await self._l2_entry(key)
+            kv = await self._shared_entry(key)
         if kv is not None:
             flight.remote_hits += 1
         return kv
 
-    async def _l2_entry(self, key: CacheKey) -> UserKV | None:
-        kv, _ = await self._read_l2(key)
-        return kv
+    async def _local_entry(self, key: CacheKey) -> UserKV | None:
+        for tier in self._local:
+            kv: UserKV | None = await tier.store.get(key)
+            if kv is not None:
+                return kv
+        return None
 
-    async def _read_l2(self, key: CacheKey) -> tuple[UserKV | None, float | None]:
-        """Read and decode one L2 entry: (entry or ``None``, ms decoding or ``None``)."""
-        data = await self.l2.get(key) if self.l2 is not None else None
-        if data is None or self.l2 is None:
+    async def _shared_entry(self, key: CacheKey) -> UserKV | None:
+        for tier in self._shared:
+            kv, _ = await self._read_shared(tier, key)
+            if kv is not None:
+                return kv
+        return None
+
+    async def _read_shared(self, tier: Tier, key: CacheKey) -> tuple[UserKV | None, float | None]:
+        """Read and decode one entry of a shared tier: (entry or ``None``, ms decoding or
+        ``None``)."""
+        data = await tier.store.get(key)
+        if data is None:
             return None, None
         started = time.perf_counter()
         s = self.settings
@@ -290,13 +353,9 @@ class TieredCache:
             kv = decode_entry(data, s.model_version, s.fingerprint, s.device)
         except CorruptEntryError:
             self.stats.corrupt += 1
-            await self.l2.delete(key)
+            await tier.store.delete(key)
             return None, _ms(started)
         return kv, _ms(started)
-
-
-_NO_LOCK = Lock(LockState.UNAVAILABLE)
-"""Without L2 there is nobody to share with: create at once."""
 
 
 def _ms(start: float) -> float:

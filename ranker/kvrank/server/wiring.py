@@ -20,7 +20,7 @@ from kvrank.cache import (
     L1Store,
     RedisSettings,
     RedisStore,
-    TieredCache,
+    l1_and_redis,
 )
 from kvrank.errors import ArtifactError
 from kvrank.metrics import Metrics
@@ -46,20 +46,17 @@ def build_service(cfg: ServerConfig) -> RankingService:
     log.info("model %s loaded on %s (%s)", model.version, device, type(model).__name__)
     if cfg.check_model:
         _check(cfg, model, local)
-    cache = TieredCache(
-        CacheSettings(
-            cfg.namespace,
-            model.version,
-            model.fingerprint(),
-            str(device),
-            lock_wait_s=cfg.lock_wait_ms / 1e3,
-        ),
-        L1Store(cfg.l1_bytes),
-        _l2(cfg),
-        AdaptiveTTL(cfg.ttl),
+    settings = CacheSettings(
+        cfg.namespace,
+        model.version,
+        model.fingerprint(),
+        str(device),
+        lock_wait_s=cfg.lock_wait_ms / 1e3,
     )
+    l1, l2 = L1Store(cfg.l1_bytes), _l2(cfg)
+    cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl))
     metrics = Metrics(model.version, cfg.namespace, device=str(device))
-    metrics.registry.register(CacheCollector(cache))
+    metrics.registry.register(CacheCollector(cache, l1, l2))
     return RankingService(model, cache, _service_settings(cfg), metrics)
 
 

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from kvrank.cache import CacheKey, RedisSettings, RedisStore, purge_namespace
-from kvrank.cache.redis_store import LockState
+from kvrank.cache import CacheKey, LockState, RedisSettings, RedisStore, purge_namespace
 from kvrank.tools.processes import start_redis_cluster
 
 pytestmark = pytest.mark.redis

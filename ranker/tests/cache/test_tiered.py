@@ -5,6 +5,7 @@ pods sharing Redis — and never fails or returns a wrong entry because of Redis
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,13 +14,16 @@ from kvrank.cache import (
     CacheSettings,
     Created,
     L1Store,
+    LockState,
     Outcome,
+    Prefix,
     RedisSettings,
     RedisStore,
+    Tier,
     TieredCache,
     encode_entry,
+    l1_and_redis,
 )
-from kvrank.cache.redis_store import LockState
 
 pytestmark = pytest.mark.redis
 
@@ -29,15 +33,24 @@ def model(factory, tiny_cfg):
     return factory.model(tiny_cfg, version="v1")
 
 
+@dataclass(eq=False)
+class Pod(TieredCache):
+    """One pod's cache, with the Redis store it was built on (for the test to reach)."""
+
+    l2: RedisStore | None = None
+
+
 @pytest.fixture
 async def make_cache(model, redis_server):
     redis_server.cli("flushall")
     caches: list[TieredCache] = []
 
-    def make(url: str | None = redis_server.url, **settings: float) -> TieredCache:
+    def make(url: str | None = redis_server.url, **settings: float) -> Pod:
         l2 = RedisStore(RedisSettings(url, op_timeout_s=0.5)) if url else None
         s = CacheSettings("ns", "v1", model.cfg.fingerprint(), **settings)
-        caches.append(TieredCache(s, L1Store(10_000_000), l2))
+        tiers = [Tier(Outcome.L1, L1Store(10_000_000))]
+        tiers += [Tier(Outcome.L2, l2, shared=True)] if l2 is not None else []
+        caches.append(Pod(s, tiers, l2, l2=l2))
         return caches[-1]
 
     yield make
@@ -50,11 +63,13 @@ class Encoder:
 
     def __init__(self, model, user, delay_s: float = 0.0) -> None:
         self.model, self.user, self.delay_s, self.calls = model, user, delay_s, 0
+        self.prefixes: list[Prefix | None] = []
 
-    async def __call__(self) -> Created:
+    async def __call__(self, prefix: Prefix | None = None) -> Created:
         self.calls += 1
+        self.prefixes.append(prefix)
         await asyncio.sleep(self.delay_s)
-        return Created(self.model.encode_user(self.user), Outcome.MISS)
+        return Created(self.model.encode_user(self.user), Outcome.MISS, "encode", 1.0)
 
 
 async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory, tiny_cfg):
@@ -197,7 +212,7 @@ async def test_entry_of_another_model_is_a_miss(make_cache, model, factory, tiny
     writer = make_cache()
     key = writer.key("u", "h8")
     await writer.put(key, model.encode_user(user), 8)
-    other = TieredCache(
+    other = l1_and_redis(
         CacheSettings("ns", "v2", model.cfg.fingerprint()), L1Store(10_000_000), writer.l2
     )
     # same key, a reader that serves model v2: the entry's header says v1 → a miss
@@ -241,3 +256,43 @@ async def test_invalidate_user_clears_both_tiers(make_cache, model, factory, tin
     assert await cache.invalidate_user("alice") == 2
     assert await cache.get(cache.key("alice", "h1")) is None
     assert await make_cache().get(cache.key("alice", "h2")) is None
+
+
+async def test_the_creator_is_handed_the_cached_prefix_and_reports_its_own_time(
+    make_cache, model, factory, tiny_cfg
+):
+    cache = make_cache()
+    fp = model.cfg.fingerprint()
+    user = factory.user(tiny_cfg, 6, 7)
+    chain = factory.chain(user, fp, tiny_cfg)
+    await cache.put(cache.key("u", chain[-1]), model.encode_user(user), 6)
+    grown = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 8)))
+    grown_chain = factory.chain(grown, fp, tiny_cfg)
+    encode = Encoder(model, grown)
+    found = await cache.get_or_create(cache.key("u", grown_chain[-1]), 9, encode, grown_chain)
+    (prefix,) = encode.prefixes
+    assert prefix is not None and prefix.events == 6
+    assert found.timings_ms["encode"] == 1.0  # what the creator said, under its stage
+    # without a chain the creator is handed nothing (a model that cannot extend)
+    other = Encoder(model, grown)
+    await cache.get_or_create(cache.key("v", grown_chain[-1]), 9, other)
+    assert other.prefixes == [None]
+
+
+async def test_a_hit_in_a_farther_local_tier_is_promoted_to_the_nearer_ones(
+    model, factory, tiny_cfg
+):
+    """Any number of tiers: here two in this process (a small near one, a larger far one,
+    as a host-memory tier behind the device's) and no shared one."""
+    near, far = L1Store(10_000_000), L1Store(10_000_000)
+    s = CacheSettings("ns", "v1", model.cfg.fingerprint())
+    cache = TieredCache(s, [Tier(Outcome.L1, near), Tier(Outcome.L2, far)])
+    user = factory.user(tiny_cfg, 5, 3)
+    key = cache.key("u", "h5")
+    await far.put(key, model.encode_user(user), 60, 5)
+    encode = Encoder(model, user)
+    first = await cache.get_or_create(key, 5, encode)
+    assert first.outcome is Outcome.L2 and set(first.timings_ms) == {"l1", "l2"}
+    assert await near.get(key) is not None  # promoted
+    assert (await cache.get_or_create(key, 5, encode)).outcome is Outcome.L1
+    assert encode.calls == 0 and await cache.ping()

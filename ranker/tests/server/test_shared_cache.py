@@ -78,7 +78,7 @@ def test_redis_outage_fails_no_request_and_l2_resumes(
     redis = spawn_redis()
     pod = make_client(redis={"url": redis.url, "op_timeout_ms": 50}, l1_bytes=0)
     svc = pod.app.state.kvrank.service
-    svc.cache.l2.breaker.cooldown_s = 0.2
+    svc.cache.tiers[-1].store.breaker.cooldown_s = 0.2  # the Redis tier
     reqs = [
         make_body(f"user{i}", factory.user(server_cfg, 5, i), factory.candidates(server_cfg, 3, i))
         for i in range(10)
