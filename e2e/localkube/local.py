@@ -26,6 +26,7 @@ import yaml
 from localkube import pki
 from localkube.network import NODE_IP, NodeNetwork
 from localkube.node import NODE_NAME, NodeContext, RealNode
+from localkube.pki import kubeconfig_doc
 from localkube.processes import Supervisor, free_port, tail, wait_for
 from localkube.tools import AUDIT_POLICY, Cluster
 
@@ -42,19 +43,6 @@ def binaries() -> Path:
     if out.returncode != 0:
         raise RuntimeError(f"building the control-plane binaries failed:\n{out.stderr[-4000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def kubeconfig_doc(server: str, ca: Path, user: dict[str, str], name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "localkube", "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
-        "users": [{"name": name, "user": user}],
-        "contexts": [{"name": name, "context": {"cluster": "localkube", "user": name}}],
-        "current-context": name,
-    }
 
 
 @dataclass

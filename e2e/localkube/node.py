@@ -414,10 +414,8 @@ class RealNode:
 
     # ------------------------------------------------------------------ helpers
     def _kubeconfig(self, name: str, pair: pki.KeyPair) -> Path:
-        from localkube.local import kubeconfig_doc
-
         user = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
-        doc = kubeconfig_doc(self.ctx.server, self.ctx.ca.pair.cert, user, name)
+        doc = pki.kubeconfig_doc(self.ctx.server, self.ctx.ca.pair.cert, user, name)
         path = self.dir / f"{name}.kubeconfig"
         path.write_text(yaml.safe_dump(doc))
         return path

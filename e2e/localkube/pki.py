@@ -10,6 +10,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -126,3 +127,17 @@ def service_account_keys(directory: Path) -> KeyPair:
         )
     )
     return pair
+
+
+def kubeconfig_doc(server: str, ca: Path, user: dict[str, str], name: str) -> dict[str, Any]:
+    """A kubeconfig for one user of the cluster whose API server ``ca`` signed."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "localkube", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": "localkube", "user": name}}],
+        "current-context": name,
+    }

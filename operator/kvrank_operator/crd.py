@@ -325,6 +325,16 @@ CANARY = _obj(
             " promotes it.",
         },
         "analysis": ANALYSIS,
+        "promotion": {
+            "type": "string",
+            "enum": ["spec", "status"],
+            "default": CanarySpec.promotion,
+            "description": "How a rollout that passed its last step promotes. spec: the"
+            " operator rewrites the spec (model takes the canary's version, artifact and"
+            " image; the canary block goes). status: it never writes the spec (GitOps:"
+            " Argo CD or Flux would revert the change); status.canary says Promoted and the"
+            " canary serves as the stable version until the spec names it as the model.",
+        },
     },
     ["version", "uri"],
     **{

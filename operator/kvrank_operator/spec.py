@@ -148,6 +148,11 @@ class CanarySpec:
     steps: tuple[StepSpec, ...] = ()
     """Empty: the canary stays at ``weight`` until a person promotes or removes it."""
     analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
+    promotion: Literal["spec", "status"] = "spec"
+    """How a passed rollout promotes: ``spec`` rewrites the spec (``model`` ← the canary, the
+    canary block removed), as a person would with kubectl; ``status`` never writes the spec
+    (GitOps: Argo CD or Flux would revert it) — the operator records the promotion in
+    ``status.canary`` and serves the canary as the stable version until the spec says so."""
     serving: bool = True
     """Not in the CRD: ``False`` while the rollout keeps the canary out of the shared Service
     (starting, warming up); the stable version then keeps all its replicas."""
@@ -378,7 +383,16 @@ def _canary(c: dict[str, Any]) -> CanarySpec:
         image=c.get("image"),
         steps=steps,
         analysis=analysis,
+        promotion=_promotion(c.get("promotion", CanarySpec.promotion)),
     )
+
+
+def _promotion(value: Any) -> Literal["spec", "status"]:
+    if value == "spec":
+        return "spec"
+    if value == "status":
+        return "status"
+    raise SpecError("canary.promotion", f"{value!r} is not one of spec, status")
 
 
 def _analysis(a: dict[str, Any]) -> AnalysisSpec:

@@ -209,8 +209,79 @@ class TTLStatus:
 
 # ---------------------------------------------------------------------------- status
 
-Rollout = Mapping[str, Any]
-"""``status.canary``: the rollout's record, owned by :mod:`kvrank_operator.rollout`."""
+_ROLLOUT_KEYS = {
+    "step_text": "stepText",
+    "warm_hit_ratio": "warmHitRatio",
+    "warm_requests": "warmRequests",
+}
+"""Field → status key, where they differ."""
+
+
+class Phase(StrEnum):
+    """Where a canary's rollout is (see :mod:`kvrank_operator.rollout` for the moves)."""
+
+    STARTING = "Starting"
+    WARMING = "Warming"
+    PROGRESSING = "Progressing"
+    MANUAL = "Manual"
+    PROMOTED = "Promoted"
+    ABORTED = "Aborted"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The canary's rollout (``status.canary``); its moves are :mod:`kvrank_operator.rollout`'s."""
+
+    version: str
+    phase: Phase
+    since: str
+    """When it entered ``phase`` (or its current step)."""
+    step: int = 0
+    """1 … len(steps) while progressing; 0 before."""
+    message: str = ""
+    weight: int | None = None
+    """The canary's traffic share in force (``kubectl get``'s Weight column)."""
+    step_text: str | None = None
+    """``i/n`` (``kubectl get``'s Step column)."""
+    checks: tuple[Mapping[str, Any], ...] | None = None
+    """The current step's analysis, one entry per check."""
+    warm_hit_ratio: float | None = None
+    warm_requests: int | None = None
+    reason: str | None = None
+    """Why it was aborted."""
+    ended: bool = False
+    """The spec no longer has the canary: the record only says how the rollout ended."""
+
+    @classmethod
+    def from_storage(cls, doc: Mapping[str, Any]) -> Rollout:
+        get = {f.name: doc.get(_ROLLOUT_KEYS.get(f.name, f.name)) for f in dataclasses.fields(cls)}
+        return cls(
+            version=doc["version"],
+            phase=Phase(doc.get("phase", Phase.STARTING)),
+            since=doc.get("since", ""),
+            step=int(doc.get("step") or 0),
+            message=doc.get("message", ""),
+            weight=get["weight"],
+            step_text=get["step_text"],
+            checks=None if get["checks"] is None else tuple(get["checks"]),
+            warm_hit_ratio=get["warm_hit_ratio"],
+            warm_requests=get["warm_requests"],
+            reason=get["reason"],
+            ended=bool(doc.get("ended")),
+        )
+
+    def for_storage(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name == "ended" and not value):
+                continue
+            out[_ROLLOUT_KEYS.get(f.name, f.name)] = list(value) if f.name == "checks" else value
+        out["phase"] = self.phase.value
+        return out
+
+    def replace(self, **changes: Any) -> Rollout:
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -264,7 +335,7 @@ class Status:
             cache_namespaces=tuple(
                 CacheNamespace.from_storage(e) for e in doc.get("cacheNamespaces") or []
             ),
-            rollout=doc.get("canary") or None,
+            rollout=Rollout.from_storage(doc["canary"]) if doc.get("canary") else None,
             ttl=TTLStatus.from_storage(doc.get("ttl") or {}),
             hit_ratio=doc.get("hitRatio"),
             observed_at=doc.get("observedAt"),
@@ -281,7 +352,7 @@ class Status:
         if self.cache_namespaces:
             out["cacheNamespaces"] = [e.for_storage() for e in self.cache_namespaces]
         if self.rollout is not None:
-            out["canary"] = dict(self.rollout)
+            out["canary"] = self.rollout.for_storage()
         if self.ttl is not None:
             out["ttl"] = self.ttl.for_storage()
         if self.hit_ratio is not None:

@@ -31,8 +31,10 @@ from kvrank_operator.analysis import (
     quantile,
     total,
 )
+from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import merge_patch_between
 from kvrank_operator.spec import Check, parse_spec
+from kvrank_operator.state import Rollout
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 CANARY: dict[str, Any] = {
@@ -150,19 +152,19 @@ def test_no_data_too_few_samples_and_nan_are_inconclusive_never_a_pass() -> None
 def test_an_agreeing_canary_warms_up_then_passes_every_step_and_is_promoted() -> None:
     spec, script = spec_with(), Script()
     d = run(spec, None, script, 0, ready=False)
-    assert d.canary["phase"] == "Starting" and d.events[0][1] == "RolloutStarted"
+    assert d.canary.phase == "Starting" and d.events[0][1] == "RolloutStarted"
     live = rollout.effective(spec, d.canary)
     assert live.canary is not None and not live.canary.serving  # out of the Service
     assert live.replicas_of("stable") == 4 and live.replicas_of("canary") == 1
     d = run(spec, d.canary, script, 5)  # Ready
-    assert d.canary["phase"] == "Warming"
+    assert d.canary.phase == "Warming"
     script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=60, hits=50))
     d = run(spec, d.canary, script, 10)
-    assert d.canary["phase"] == "Warming", "60 requests are fewer than minRequests"
-    assert d.canary["warmHitRatio"] == pytest.approx(0.833, abs=1e-3)
+    assert d.canary.phase == "Warming", "60 requests are fewer than minRequests"
+    assert d.canary.warm_hit_ratio == pytest.approx(0.833, abs=1e-3)
     script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=200, hits=180))
     d = run(spec, d.canary, script, 15)
-    assert d.canary["phase"] == "Progressing" and d.canary["stepText"] == "1/2"
+    assert d.canary.phase == "Progressing" and d.canary.step_text == "1/2"
     assert [e[1] for e in d.events] == ["CanaryWarm"]
     live = rollout.effective(spec, d.canary)
     assert live.canary is not None and live.canary.serving and live.canary.weight == 20
@@ -172,40 +174,79 @@ def test_an_agreeing_canary_warms_up_then_passes_every_step_and_is_promoted() ->
     )
     script.windows["v2/step-1"] = agreeing
     d = run(spec, d.canary, script, 30)
-    assert d.canary["phase"] == "Progressing" and d.canary["step"] == 1, "the pause is 60 s"
-    assert {c["result"] for c in d.canary["checks"]} == {"pass"}
+    assert d.canary.phase == "Progressing" and d.canary.step == 1, "the pause is 60 s"
+    assert {c["result"] for c in d.canary.checks} == {"pass"}
     d = run(spec, d.canary, script, 76)
-    assert d.canary["step"] == 2 and [e[1] for e in d.events] == ["StepPassed"]
+    assert d.canary.step == 2 and [e[1] for e in d.events] == ["StepPassed"]
     assert rollout.effective(spec, d.canary).canary.weight == 50  # type: ignore[union-attr]
     script.windows["v2/step-2"] = agreeing
     d = run(spec, d.canary, script, 140)
-    assert d.canary["phase"] == "Promoted" and d.promote
+    assert d.canary.phase == "Promoted" and d.promote
     assert [e[1] for e in d.events] == ["CanaryPromoted"]
     assert d.condition[0] and d.condition[1] == "Promoted"
+
+
+def test_a_gitops_promotion_writes_no_spec_and_serves_the_canary_until_git_says_so() -> None:
+    """``promotion: status``: Argo CD or Flux would revert a spec the operator rewrote, so
+    the promotion lives in the status; the canary serves as the stable version until the
+    spec in Git names it as the model."""
+    spec, script = spec_with(warmup=None, promotion="status"), Script()
+    agreeing = window(
+        stable=pod_text("v1", requests=400, compared=80),
+        canary=pod_text("v2", requests=100, hits=90),
+    )
+    script.windows["v2/step-1"] = script.windows["v2/step-2"] = agreeing
+    d = run(spec, None, script, 0)
+    d = run(spec, d.canary, script, 61)
+    d = run(spec, d.canary, script, 122)
+    assert d.canary is not None and d.canary.phase == "Promoted"
+    assert not d.promote, "nothing to write into the spec"
+    live = rollout.effective(spec, d.canary)
+    assert live.canary is None and (live.model.version, live.model.uri) == ("v2", "/models/v2")
+    assert live.replicas_of("stable") == 4  # all of it
+    # the spec still has the canary long after: it stays promoted (no new rollout)
+    later = run(spec, d.canary, script, 122 + 3600)
+    assert later.canary is not None and later.canary.phase == "Promoted" and not later.events
+    assert rollout.effective(spec, later.canary).model.version == "v2"
+    # the commit in Git: model is the canary, the canary block is gone
+    committed = parse_spec({"model": {"version": "v2", "uri": "/models/v2", "replicas": 4}})
+    ended = run(committed, later.canary, script, 122 + 3700)
+    assert ended.canary is not None and ended.canary.ended
+    assert rollout.effective(committed, ended.canary) == committed
+    # the default still rewrites the spec
+    by_spec = spec_with(warmup=None)
+    d = run(by_spec, None, script, 0)
+    d = run(by_spec, run(by_spec, d.canary, script, 61).canary, script, 122)
+    assert d.promote and rollout.effective(by_spec, d.canary).canary is not None
+
+
+def test_an_unknown_promotion_mode_names_the_field() -> None:
+    with pytest.raises(SpecError, match=r"canary\.promotion"):
+        spec_with(promotion="git")
 
 
 def test_a_drifting_canary_is_aborted_at_the_first_step_naming_metric_value_threshold() -> None:
     spec, script = spec_with(warmup=None, shadow={"sample": 0.2}), Script()
     d = run(spec, None, script, 0)
-    assert d.canary["phase"] == "Progressing"  # no warm-up: straight to step 1
+    assert d.canary.phase == "Progressing"  # no warm-up: straight to step 1
     script.windows["v2/step-1"] = window(
         stable=pod_text("v1", requests=400, compared=80, drift=0.2),
         canary=pod_text("v2", requests=100),
     )
     d = run(spec, d.canary, script, 10)  # before the pause ends: a failure aborts at once
-    assert d.canary["phase"] == "Aborted" and not d.promote
+    assert d.canary.phase == "Aborted" and not d.promote
     ok, reason, message = d.condition
     assert not ok and reason == "AnalysisFailed"
     assert "scoreDelta" in message and "max 0.01" in message and "0.2" in message, message
     assert d.events[-1][:2] == ("Warning", "RolloutAborted")
     assert rollout.effective(spec, d.canary).canary is None  # removed, namespace purged
     again = run(spec, d.canary, script, 20)
-    assert again.canary["phase"] == "Aborted" and not again.events, "aborted stays aborted"
+    assert again.canary.phase == "Aborted" and not again.events, "aborted stays aborted"
     without = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}})
     removed = run(without, again.canary, script, 30)  # a person removes the canary
-    assert removed.canary["phase"] == "Aborted" and removed.condition[1] == "AnalysisFailed"
+    assert removed.canary.phase == "Aborted" and removed.condition[1] == "AnalysisFailed"
     retry = run(spec, removed.canary, script, 40, ready=False)
-    assert retry.canary["phase"] == "Starting", "the same canary put back: a new rollout"
+    assert retry.canary.phase == "Starting", "the same canary put back: a new rollout"
 
 
 def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None:
@@ -214,21 +255,21 @@ def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None
     script.windows["v2/step-1"] = Window(problem="Prometheus at http://p:9090 unreachable")
     for at in (30, 61, 150):  # past the pause, within the inconclusive timeout (60 + 120)
         d = run(spec, d.canary, script, at)
-        assert d.canary["phase"] == "Progressing" and not d.promote
+        assert d.canary.phase == "Progressing" and not d.promote
         ok, reason, message = d.condition
         assert not ok and reason == "Inconclusive" and "unreachable" in message, message
     d = run(spec, d.canary, script, 181)
-    assert d.canary["phase"] == "Aborted" and d.condition[1] == "Inconclusive"
+    assert d.canary.phase == "Aborted" and d.condition[1] == "Inconclusive"
     assert not d.promote
 
 
 def test_a_warm_up_that_times_out_joins_cold_with_a_warning() -> None:
     spec, script = spec_with(), Script()
     d = run(spec, run(spec, None, script, 0).canary, script, 1)
-    assert d.canary["phase"] == "Warming"
+    assert d.canary.phase == "Warming"
     script.windows["v2/warmup"] = window(canary=pod_text("v2", requests=500, hits=100))
     d = run(spec, d.canary, script, 302)
-    assert d.canary["phase"] == "Progressing"
+    assert d.canary.phase == "Progressing"
     assert d.events == [("Warning", "WarmupTimedOut", d.events[0][2])]
     assert "0.200 over 500 requests" in d.events[0][2]
 
@@ -236,14 +277,14 @@ def test_a_warm_up_that_times_out_joins_cold_with_a_warning() -> None:
 def test_without_steps_the_canary_stays_at_its_weight_until_a_person_promotes() -> None:
     spec, script = spec_with(warmup=None, steps=[], analysis={}), Script()
     d = run(spec, None, script, 0)
-    assert d.canary["phase"] == "Manual" and d.canary["weight"] == 10
-    assert run(spec, d.canary, script, 3600).canary["phase"] == "Manual"
+    assert d.canary.phase == "Manual" and d.canary.weight == 10
+    assert run(spec, d.canary, script, 3600).canary.phase == "Manual"
     assert not script.asked, "no analysis without steps"
 
 
 def test_the_pods_config_and_services_follow_the_rollout() -> None:
     spec = spec_with()
-    warming = rollout.effective(spec, {"version": "v2", "phase": "Warming"})
+    warming = rollout.effective(spec, Rollout.from_storage({"version": "v2", "phase": "Warming"}))
     doc = yaml.safe_load(m.ranker_config(warming, "feed", "prod", ttl_s=None))
     assert doc["shadow"] == {
         "url": "http://feed-v2.prod.svc:8080",
@@ -254,10 +295,12 @@ def test_the_pods_config_and_services_follow_the_rollout() -> None:
     ShadowConfig.model_validate(doc["shadow"])  # what the rankers accept
     shared, *_ = m.services(warming, "feed", "prod")
     assert shared["spec"]["selector"]["kvrank.io/version"] == "v1"
-    serving = rollout.effective(spec, {"version": "v2", "phase": "Progressing", "step": 1})
+    serving = rollout.effective(
+        spec, Rollout.from_storage({"version": "v2", "phase": "Progressing", "step": 1})
+    )
     shared, *_ = m.services(serving, "feed", "prod")
     assert "kvrank.io/version" not in shared["spec"]["selector"]
-    aborted = rollout.effective(spec, {"version": "v2", "phase": "Aborted"})
+    aborted = rollout.effective(spec, Rollout.from_storage({"version": "v2", "phase": "Aborted"}))
     assert "shadow" not in yaml.safe_load(m.ranker_config(aborted, "feed", "prod", None))
     no_shadow = parse_spec(
         {

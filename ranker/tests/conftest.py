@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvrank.cache import sequence_chain
-from kvrank.model.config import ModelConfig
+from kvrank.model.config import TINY, ModelConfig
 from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.model.onetrans import feature_spec, from_features
 from kvrank.model.ranker import RankerModel
@@ -94,18 +94,7 @@ def factory() -> Factory:
 
 @pytest.fixture(scope="session")
 def tiny_cfg() -> ModelConfig:
-    return ModelConfig(
-        d_model=32,
-        n_heads=4,
-        n_layers=3,
-        max_events=24,
-        ns_tokens=2,
-        cand_tokens=4,
-        item_buckets=1000,
-        profile_buckets=500,
-        n_categories=16,
-        emb_dim=8,
-    )
+    return TINY
 
 
 # --------------------------------------------------------------------------- Redis

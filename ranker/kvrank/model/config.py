@@ -104,6 +104,21 @@ class ModelConfig(BaseModel):
 QUICK = ModelConfig()
 """Small config for CPU tests, the quick benchmark and ``kvrank train``."""
 
+TINY = ModelConfig(
+    d_model=32,
+    n_heads=4,
+    n_layers=3,
+    max_events=32,
+    ns_tokens=2,
+    cand_tokens=4,
+    item_buckets=1000,
+    profile_buckets=500,
+    n_categories=16,
+    emb_dim=8,
+)
+"""The smallest model every code path still runs on (several layers, heads, NS and
+candidate tokens): the one preset the tests serve, train on and compare against."""
+
 PRODUCTION = ModelConfig(
     d_model=256,
     n_heads=4,

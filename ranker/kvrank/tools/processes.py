@@ -1,10 +1,11 @@
 """Local processes for the demo, the load test and the test suites.
 
 :class:`RedisServer` is one private ``redis-server`` on loopback (standalone or a Cluster
-node); :func:`start_redis_cluster` makes a real Redis Cluster of them. :class:`ProcessStack`
+node); :func:`start_redis_cluster` makes a real Redis Cluster of them. :class:`RankerProcess`
+is one ``kvrank serve`` (the test suites' and the tools' one launcher). :class:`ProcessStack`
 is the demo's serving stack: a redis-server when the binary is installed (otherwise the
-stack runs L1-only and says so) and any number of ``kvrank serve`` processes; everything is
-stopped on exit, even on errors.
+stack runs L1-only and says so) and any number of rankers; everything is stopped on exit,
+even on errors.
 """
 
 from __future__ import annotations
@@ -275,9 +276,78 @@ def start_redis_cluster(workdir: Path, masters: int = 3) -> RedisCluster:
 
 
 @dataclass
+class RankerProcess:
+    """One real ``kvrank serve`` on loopback; :meth:`start` returns once it is ready."""
+
+    url: str
+    port: int
+    log: Path
+    """Its stdout and stderr."""
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(
+        cls,
+        model: Path,
+        workdir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+    ) -> RankerProcess:
+        port = free_port()
+        log = workdir / f"ranker-{port}.log"
+        cmd = [
+            str(Path(sys.executable).parent / "kvrank"),
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            *args,
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        ranker = cls(f"http://127.0.0.1:{port}", port, log, proc)
+        try:
+            ranker._wait_ready(timeout_s)
+        except BaseException:
+            ranker.stop()
+            raise
+        return ranker
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ranker exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"ranker on {self.port} did not become ready: {self.log}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of every sample called ``name`` that carries ``labels``."""
+        return scrape(self.url, name, **labels)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
 class ProcessStack:
     workdir: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    rankers: list[RankerProcess] = field(default_factory=list)
     redis_url: str | None = None
     _exit: ExitStack = field(default_factory=ExitStack)
 
@@ -286,14 +356,10 @@ class ProcessStack:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        for r in reversed(self.rankers):
+            r.proc.terminate()  # all at once: each then has its own grace period
+        for r in reversed(self.rankers):
+            r.stop()
         self._exit.close()
 
     def start_redis(self) -> str | None:
@@ -305,30 +371,7 @@ class ProcessStack:
         return self.redis_url
 
     def start_ranker(self, model: Path, *args: str, env: dict[str, str] | None = None) -> str:
-        port = free_port()
-        log = self._exit.enter_context((self.workdir / f"ranker-{port}.log").open("wb"))
-        cmd = [
-            str(Path(sys.executable).parent / "kvrank"),
-            "serve",
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            *args,
-        ]
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ranker exited: {(self.workdir / f'ranker-{port}.log')}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"ranker on {port} did not become ready")
+        """A ranker serving ``model`` (ready); its URL."""
+        ranker = RankerProcess.start(model, self.workdir, *args, env=env)
+        self.rankers.append(ranker)
+        return ranker.url

@@ -4,37 +4,22 @@ real `kvrank serve` processes."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from kvrank.model.artifact import save_model
-from kvrank.model.config import ModelConfig
+from kvrank.model.config import TINY, ModelConfig
 from kvrank.model.inputs import Candidates, UserFeatures
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
-from kvrank.tools.processes import free_port, scrape
+from kvrank.tools.processes import RankerProcess
 from kvrank.tools.workload import request_body
 
-SERVER_CFG = ModelConfig(
-    d_model=32,
-    n_heads=4,
-    n_layers=2,
-    max_events=32,
-    ns_tokens=2,
-    cand_tokens=4,
-    item_buckets=1000,
-    profile_buckets=500,
-    n_categories=16,
-    emb_dim=8,
-)
+SERVER_CFG = TINY
 
 
 @pytest.fixture(autouse=True)
@@ -77,60 +62,14 @@ def settle(client: TestClient) -> None:
     client.portal.call(client.app.state.kvrank.service.cache.flush)
 
 
-class ServerProcess:
-    """A real `kvrank serve` process on loopback."""
-
-    def __init__(
-        self, artifact: Path, workdir: Path, *args: str, env: dict[str, str] | None = None
-    ):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"serve-{self.port}.log"
-        cmd = [
-            str(Path(sys.executable).parent / "kvrank"),
-            "serve",
-            "--model",
-            str(artifact),
-            "--port",
-            str(self.port),
-            *args,
-        ]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"server did not become ready: {self.log.read_text()[-3000:]}")
-
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of every sample called ``name`` that carries ``labels``."""
-        return scrape(self.url, name, **labels)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture
-def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., ServerProcess]]:
-    servers: list[ServerProcess] = []
+def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., RankerProcess]]:
+    servers: list[RankerProcess] = []
 
     def spawn(
         *args: str, env: dict[str, str] | None = None, artifact: Path = artifact
-    ) -> ServerProcess:
-        s = ServerProcess(artifact, tmp_path, *args, env=env)
+    ) -> RankerProcess:
+        s = RankerProcess.start(artifact, tmp_path, *args, env=env, timeout_s=60)
         servers.append(s)
         return s
 

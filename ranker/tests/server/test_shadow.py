@@ -9,11 +9,11 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import SERVER_CFG, ServerProcess
+from conftest import SERVER_CFG
 
 from kvrank.model.artifact import save_model
 from kvrank.server.shadow import compare
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import RankerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_a_canary_with_other_weights_is_seen_to_drift(
 ) -> None:
     other = tmp_path / "other"
     save_model(factory.model(SERVER_CFG, seed=11, version="v1"), other)
-    canary = ServerProcess(other, tmp_path, "--namespace", "v-canary")
+    canary = RankerProcess.start(other, tmp_path, "--namespace", "v-canary")
     try:
         stable = spawn_server(env=shadowing(canary.url))
         for i in range(6):
