@@ -49,6 +49,7 @@ from kvrank.model.artifact import save_model, save_ranker
 from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import free_port_pair, samples
+from kvrank_operator.manifests import PodMonitoring, pod_monitor
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kvrank-operator"
@@ -650,6 +651,11 @@ class LocalStack(Stack):
         wait_for(up, "Prometheus ready", 60, lambda: self.cluster.logs(40))
 
 
+def _prometheus_name(label: str) -> str:
+    """A Kubernetes label as prometheus-operator spells it in a target label."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
 class PodTargets:
     """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
 
@@ -706,24 +712,33 @@ class PodTargets:
         ]
 
     def ranker_targets(self) -> list[dict[str, Any]]:
+        """What the operator's own PodMonitor (its builder, not a copy) selects and labels."""
         out = []
         for pod in self._running(NS):
-            meta, st = pod["metadata"], pod["status"]
-            ann = meta.get("annotations") or {}
-            if ann.get("prometheus.io/scrape") != "true":
-                continue
+            meta = pod["metadata"]
             labels = meta.get("labels") or {}
+            instance = labels.get("app.kubernetes.io/instance")
+            if not instance:
+                continue
+            monitor = pod_monitor(instance, NS, PodMonitoring())["spec"]
+            if not monitor["selector"]["matchLabels"].items() <= labels.items():
+                continue
+            (endpoint,) = monitor["podMetricsEndpoints"]
+            container = pod["spec"]["containers"][0]
+            port = next(
+                p["container_port"] for p in container["ports"] if p["name"] == endpoint["port"]
+            )
+            copied = {_prometheus_name(k): labels.get(k, "") for k in monitor["podTargetLabels"]}
             out.append(
                 {
-                    "targets": [f"{st['pod_ip']}:{ann.get('prometheus.io/port', '8080')}"],
+                    "targets": [f"{pod['status']['pod_ip']}:{port}"],
                     "labels": {
                         "namespace": meta["namespace"],
                         "pod": meta["name"],
-                        "container": pod["spec"]["containers"][0]["name"],
-                        "endpoint": "metrics",
-                        "job": f"{meta['namespace']}/{labels.get('app.kubernetes.io/instance')}",
-                        "app_kubernetes_io_instance": labels.get("app.kubernetes.io/instance", ""),
-                        "kvrank_io_version": labels.get("kvrank.io/version", ""),
+                        "container": container["name"],
+                        "endpoint": endpoint["port"],
+                        "job": f"{meta['namespace']}/{instance}",
+                        **copied,
                     },
                 }
             )

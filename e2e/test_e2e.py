@@ -47,7 +47,7 @@ from kvrank.model.features import example_candidates, example_user
 from kvrank.server.schemas import body_for
 from kvrank.tools.workload import Workload, WorkloadSettings, request_body
 from kvrank_operator.sources import HIT_RATIO_WINDOW
-from kvrank_operator.spec import parse_spec
+from kvrank_operator.spec import namespace_for, parse_spec
 from kvrank_operator.ttl import target_ttl
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
@@ -214,7 +214,7 @@ def test_02_basic_example_serves_and_caches(stack: Stack) -> None:
         assert refs and refs[0]["uid"] == uid, f"{kind}/{name} is not owned by feed-ranker"
     assert stack.must_get("deployment", "feed-ranker-v1")["status"]["readyReplicas"] == 2
     assert len(stack.endpoints("feed-ranker")) == 2
-    assert namespaces(stack, "feed-ranker") == {"v-v1": "active"}
+    assert namespaces(stack, "feed-ranker") == {namespace_for("v1"): "active"}
     # the bootstrap Job formed the managed Redis Cluster over the headless Service's DNS names
     stack.wait_for(
         lambda: (
@@ -414,7 +414,10 @@ def canary_spec(stack: Stack, version: str | None, weight: int = 20) -> dict[str
 def test_06_canary_splits_replicas_and_cache_namespaces(stack: Stack) -> None:
     stack.apply(canary_spec(stack, "v2"))
     stack.wait_for(
-        lambda: namespaces(stack, "feed-ranker") == {"v-v1": "active", "v-v2": "active"},
+        lambda: (
+            namespaces(stack, "feed-ranker")
+            == {namespace_for("v1"): "active", namespace_for("v2"): "active"}
+        ),
         "two active cache namespaces",
     )
     stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready with the canary", 240)
@@ -425,8 +428,8 @@ def test_06_canary_splits_replicas_and_cache_namespaces(stack: Stack) -> None:
     for version in ("v1", "v2"):
         out = ok_score(stack, f"feed-ranker-{version}", f"canary-user-{version}")
         assert out["model_version"] == version
-    assert stack.redis_keys("v-v1") > 0
-    assert stack.redis_keys("v-v2") > 0
+    assert stack.redis_keys(namespace_for("v1")) > 0
+    assert stack.redis_keys(namespace_for("v2")) > 0
     # kube-proxy picks at random: 40 requests miss the 1-in-5 canary with p = 0.8^40 ≈ 1e-4
     versions = {ok_score(stack, "feed-ranker", f"mixed-{i}", i)["model_version"] for i in range(40)}
     assert versions == {"v1", "v2"}, "the shared Service must reach both versions"
@@ -434,7 +437,7 @@ def test_06_canary_splits_replicas_and_cache_namespaces(stack: Stack) -> None:
 
 # ---------------------------------------------------------------------------- promote
 def test_07_promote_retires_and_purges_the_old_namespace(stack: Stack) -> None:
-    assert stack.redis_keys("v-v1") > 0
+    assert stack.redis_keys(namespace_for("v1")) > 0
     doc = canary_spec(stack, None)
     doc["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
     stack.apply(doc)
@@ -446,15 +449,15 @@ def test_07_promote_retires_and_purges_the_old_namespace(stack: Stack) -> None:
         if resp.status_code != 200:
             failures.append(f"{resp.status_code} {resp.text[:200]}")
         i += 1
-        if namespaces(stack, "feed-ranker").get("v-v1") == "purged":
+        if namespaces(stack, "feed-ranker").get(namespace_for("v1")) == "purged":
             break
-    assert namespaces(stack, "feed-ranker").get("v-v1") == "purged", stack.report()
+    assert namespaces(stack, "feed-ranker").get(namespace_for("v1")) == "purged", stack.report()
     assert not failures, failures[:5]
-    assert stack.redis_keys("v-v1") == 0, "v1's cache entries must be gone from Redis"
-    (job,) = stack.select("jobs", "kvrank.io/cache-namespace=v-v1")
+    assert stack.redis_keys(namespace_for("v1")) == 0, "v1's cache entries must be gone from Redis"
+    (job,) = stack.select("jobs", f"kvrank.io/cache-namespace={namespace_for('v1')}")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:4] == ["cache", "purge", "--namespace", "v-v1"], args
-    assert stack.redis_keys("v-v2") > 0
+    assert args[:4] == ["cache", "purge", "--namespace", namespace_for("v1")], args
+    assert stack.redis_keys(namespace_for("v2")) > 0
     stack.wait_for(
         lambda: stack.get("deployment", "feed-ranker-v1") is None, "v1 Deployment removed"
     )
@@ -475,20 +478,24 @@ def test_08_abort_purges_the_canary_namespace_only(stack: Stack) -> None:
     doc = canary_spec(stack, "v3")
     doc["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
     stack.apply(doc)
-    stack.wait_for(lambda: namespaces(stack, "feed-ranker").get("v-v3") == "active", "v3 active")
+    stack.wait_for(
+        lambda: namespaces(stack, "feed-ranker").get(namespace_for("v3")) == "active", "v3 active"
+    )
     stack.wait_for(lambda: ready(stack, "feed-ranker"), "Ready with canary v3", 240)
     assert ok_score(stack, "feed-ranker-v3", "abort-user")["model_version"] == "v3"
-    assert stack.redis_keys("v-v3") > 0
+    assert stack.redis_keys(namespace_for("v3")) > 0
     doc = canary_spec(stack, None)
     doc["spec"]["model"].update(version="v2", uri=stack.model_uri("v2"))
     stack.apply(doc)
-    stack.wait_for(lambda: namespaces(stack, "feed-ranker").get("v-v3") == "purged", "v3 purged")
-    assert stack.redis_keys("v-v3") == 0
+    stack.wait_for(
+        lambda: namespaces(stack, "feed-ranker").get(namespace_for("v3")) == "purged", "v3 purged"
+    )
+    assert stack.redis_keys(namespace_for("v3")) == 0
     # the stable namespace is never purged (its entries only expire by their TTL)
-    assert not stack.select("jobs", "kvrank.io/cache-namespace=v-v2")
+    assert not stack.select("jobs", f"kvrank.io/cache-namespace={namespace_for('v2')}")
     after = stack.get("deployment", "feed-ranker-v2")
     assert after is not None and after["metadata"]["uid"] == stable["metadata"]["uid"]
-    assert namespaces(stack, "feed-ranker").get("v-v2") == "active"
+    assert namespaces(stack, "feed-ranker").get(namespace_for("v2")) == "active"
     stack.wait_for(
         lambda: stack.get("deployment", "feed-ranker-v3") is None, "v3 Deployment removed"
     )
@@ -570,7 +577,7 @@ def test_09_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
         assert str(tuned["seconds"]) in row and str(ratio)[:3] in row, row
         # its Redis speaks TLS only: the ranker wrote its entries over it, the operator's
         # health check reads the cluster over it, and plain text is not even answered
-        assert stack.redis_keys("v-v1", instance="ttl-ranker") > 0
+        assert stack.redis_keys(namespace_for("v1"), instance="ttl-ranker") > 0
         cache = condition(stack, "ttl-ranker", "CacheReady")
         assert cache and cache["status"] == "True" and cache["reason"] == "ClusterOk", cache
         (node, *_) = stack.redis_pods("ttl-ranker")
@@ -688,7 +695,7 @@ def test_11_the_standby_operator_takes_over_when_the_leader_is_killed_mid_rollou
     stack.wait_for(
         lambda: (
             {k for k, v in namespaces(stack, "feed-ranker").items() if v == "active"}
-            == {"v-v2", "v-v3"}
+            == {namespace_for("v2"), namespace_for("v3")}
         ),
         "both namespaces active after the operator restart",
         240,
@@ -883,7 +890,7 @@ def test_13_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_
         )
         joined = rollout_status(stack)
         assert joined["warmHitRatio"] >= 0.6 and joined["warmRequests"] >= 30, joined
-        assert stack.redis_keys("v-v2-1") > 0, "the canary's namespace was not warmed"
+        assert stack.redis_keys(namespace_for("v2.1")) > 0, "the canary's namespace was not warmed"
         table = stack.kubectl("get", "rkd", "feed-ranker", "-n", NS)
         assert "Progressing" in table and "1/2" in table, table
         stack.wait_for(
@@ -929,7 +936,9 @@ def test_14_a_drifting_canary_is_aborted_at_its_first_step_and_purged(stack: Sta
         stack.apply(doc)
         stack.wait_for(lambda: rollout_status(stack).get("phase") == "Aborted", "v3 aborted", 240)
         stack.wait_for(
-            lambda: namespaces(stack, "feed-ranker").get("v-v3") == "purged", "v3 purged", 120
+            lambda: namespaces(stack, "feed-ranker").get(namespace_for("v3")) == "purged",
+            "v3 purged",
+            120,
         )
     aborted = condition(stack, "feed-ranker", "CanaryAnalysis")
     assert aborted is not None and aborted["status"] == "False", aborted
@@ -938,13 +947,13 @@ def test_14_a_drifting_canary_is_aborted_at_its_first_step_and_purged(stack: Sta
     assert "step 1/1" in message and "scoreDelta" in message and "max 0.01" in message, message
     (event,) = event_messages(stack, "RolloutAborted")
     assert "scoreDelta" in event, event
-    assert stack.redis_keys("v-v3") == 0
+    assert stack.redis_keys(namespace_for("v3")) == 0
     stack.wait_for(
         lambda: stack.get("deployment", "feed-ranker-v3") is None, "v3 Deployment removed"
     )
     after = stack.must_get("deployment", "feed-ranker-v2-1")
     assert after["metadata"]["uid"] == stable["metadata"]["uid"]
-    assert namespaces(stack, "feed-ranker").get("v-v2-1") == "active"
+    assert namespaces(stack, "feed-ranker").get(namespace_for("v2.1")) == "active"
     assert stack.must_get("rkd", "feed-ranker")["spec"]["model"]["version"] == "v2.1"
     assert not traffic.failures(), traffic.failures()[:5]
 
