@@ -116,3 +116,30 @@ def test_a_ratio_without_traffic_is_no_data_not_nan(prometheus: str) -> None:
     value, problem = instant_query(prometheus, "vector(0) / vector(0)")
     assert value is None and problem is not None and problem[0] == "NoData"
     assert instant_query(prometheus, "vector(0.75)") == (0.75, None)
+
+
+def test_the_tuner_reads_the_names_a_ranker_exports() -> None:
+    """The operator and the rankers share no code (an import contract keeps them apart), so
+    the metric names the TTL tuner reads are checked here against a ranker's own exposition:
+    a renamed gauge fails this test, not a cluster's TTL silently."""
+    from prometheus_client import generate_latest
+
+    from kvrank.cache import AdaptiveTTL, CacheCollector, CacheSettings, L1Store, l1_and_redis
+    from kvrank.cache.ttl import IntervalTracker
+    from kvrank.metrics import Metrics
+    from kvrank_operator.ttl import HIT_RATIO_METRIC, INTERVAL_METRIC, REQUESTS_METRIC, parse_gauge
+
+    now = [100.0]
+    tracker = IntervalTracker(min_samples=1, min_watch_s=0, clock=lambda: now[0])
+    metrics, l1 = Metrics("v1", "v-v1"), L1Store(1000)
+    cache = l1_and_redis(CacheSettings("v-v1", "v1", "fp"), l1, None, AdaptiveTTL(tracker=tracker))
+    metrics.registry.register(CacheCollector(cache, l1, None))
+    for user in ("a", "b", "a", "b"):  # each user returns after 2 s
+        cache.ttl.observe(user)
+        now[0] += 1.0
+    metrics.observe_request("l1", {"total": 1.0})
+    metrics.observe_request("miss", {"total": 1.0})
+    text = generate_latest(metrics.registry).decode()
+    assert parse_gauge(text, INTERVAL_METRIC, positive=True) == [2.0]
+    assert parse_gauge(text, HIT_RATIO_METRIC) == [0.5]
+    assert f"{REQUESTS_METRIC}{{" in text
