@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kvrank_operator.certs import ca_certificate, leaf_certificate
 
 
 @dataclass(frozen=True)
@@ -47,37 +49,16 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
 
 
 class CertificateAuthority:
-    """A self-signed CA that issues serving and client certificates into ``directory``."""
+    """A self-signed CA that issues serving and client certificates into ``directory``
+    (built with the operator's certificate builders: one CA builder in the project)."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._key = _key()
         now = dt.datetime.now(dt.UTC)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name("localkube-ca"))
-            .issuer_name(_name("localkube-ca"))
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self._key, hashes.SHA256())
+        self._cert = ca_certificate(
+            _name("localkube-ca"), self._key, *_validity(now), path_length=None
         )
         self.pair = KeyPair(self.dir / "ca.crt", self.dir / "ca.key")
         self.pair.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
@@ -88,32 +69,28 @@ class CertificateAuthority:
     ) -> KeyPair:
         """A leaf certificate; with ``hosts`` it is a serving cert, else a client cert."""
         key = _key()
-        now = dt.datetime.now(dt.UTC)
         usage = ExtendedKeyUsageOID.SERVER_AUTH if hosts else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, org))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        sans = [_san(h) for h in hosts]
+        now = dt.datetime.now(dt.UTC)
+        cert = leaf_certificate(
+            self._cert, self._key, _name(cn, org), key, *_validity(now), [usage], sans
         )
-        if hosts:
-            sans: list[x509.GeneralName] = []
-            for h in hosts:
-                try:
-                    sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-                except ValueError:
-                    sans.append(x509.DNSName(h))
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self._key, hashes.SHA256())
         pair = KeyPair(self.dir / f"{name}.crt", self.dir / f"{name}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, pair.key)
         return pair
+
+
+def _validity(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """From five minutes ago (clock skew) for one day: nothing outlives a test run."""
+    return now - dt.timedelta(minutes=5), now + dt.timedelta(days=1)
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 def service_account_keys(directory: Path) -> KeyPair:
