@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins lint test test-only demo bench bench-production train \
+.PHONY: help venv services kube-bins lint test test-only test-lane-cluster test-lane-rest demo bench bench-production train \
         cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -59,19 +59,32 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 	@$(PHASE) pytest $(MAKE) --no-print-directory test-only
 	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
+# The suite in two lanes side by side (see conftest.py): the cluster's and Docker's tests spend
+# most of their time waiting on pods, the rest on the CPU. Each lane's output is printed whole
+# when it ends, with its timing and its slowest tests.
+LANE_BASETEMP := /tmp/kvrank-tests
+
 test-only: ## Run the test suite only (services are started by fixtures)
-	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
-	  $(PY) -m pytest -q
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-cluster test-lane-rest
+
+# A lane starts from an empty temp dir: mounts a killed run left there (a Docker engine's
+# network namespace) are unmounted first, or pytest could not clear it.
+test-lane-cluster test-lane-rest: test-lane-%:
+	@findmnt -rn -o TARGET | { grep -F "$(LANE_BASETEMP)/$*/" || true; } | sort -r | xargs -r umount -l
+	@mkdir -p $(LANE_BASETEMP)
+	@$(PHASE) pytest-$* env KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" \
+	  KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
+	  $(PY) -m pytest -q --lane $* --basetemp $(LANE_BASETEMP)/$* --durations=15 --durations-min=20
 
 e2e: venv services kube-bins ## The end-to-end scenarios on the local cluster's real node (part of make test)
 	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
-	  $(PY) -m pytest -q e2e/test_e2e.py
+	  $(PY) -m pytest -q -m e2e e2e
 
 e2e-kind: venv ## The end-to-end scenarios on kind (needs Docker, kind, kubectl, helm): builds and loads the images
 	@for tool in docker kind kubectl helm; do command -v $$tool >/dev/null || \
 	  { echo "make e2e-kind needs '$$tool' on PATH"; exit 2; }; done
 	@docker info >/dev/null 2>&1 || { echo "make e2e-kind needs a running Docker engine (docker info failed)"; exit 2; }
-	KVRANK_CLUSTER=kind $(PY) -m pytest -q e2e/test_e2e.py
+	KVRANK_CLUSTER=kind $(PY) -m pytest -q -m e2e e2e
 
 demo: venv ## Train or load the small model and show what the cache saves
 	$(VENV)/bin/kvrank demo
@@ -91,7 +104,7 @@ cluster-up: venv services kube-bins ## Start the local cluster with its real nod
 cluster-down: ## Stop the cluster started by cluster-up and restore the host's network
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker, operator and redis images, and the example plugin's ranker image (needs a Docker engine; PYTHON_IMAGE= to change the base)
+images: ## Build the ranker, operator, redis and router images, and the example plugin's ranker image (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
@@ -100,6 +113,8 @@ images: ## Build the ranker, operator and redis images, and the example plugin's
 	  -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
 	  -f images/redis/Dockerfile -t ghcr.io/kvrank/redis:$(IMAGE_TAG) images/redis
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+	  -f images/router/Dockerfile -t ghcr.io/kvrank/router:$(IMAGE_TAG) images/router
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
 	  -t ghcr.io/kvrank/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
 

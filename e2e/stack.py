@@ -14,15 +14,13 @@ namespaces labelled ``pod-security.kubernetes.io/enforce: restricted``.
 - :class:`KindStack` (``KVRANK_CLUSTER=kind``; ``make e2e-kind``): a kind cluster, the
   same images loaded with ``kind load``, traffic through ``kubectl port-forward``.
 
-A scenario only talks to the stack: install the operator, adapt a RankerDeployment to the
-backend, send scoring requests through a Service, count a cache namespace's keys in Redis,
-kill the operator or a Redis pod, read the rankers' metrics.
+A scenario talks to the stack (kubectl, waits, Services, metrics) through the operator's
+release (``release.py``) and its own RankerDeployments (``rankers.py``).
 """
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import itertools
 import json
 import os
@@ -36,6 +34,7 @@ from typing import Any
 
 import httpx
 import yaml
+from chart import OPERATOR_NS, RELEASE, alert_rules
 from localkube.engine import Docker, Images
 from localkube.images import PAUSE_IMAGE
 from localkube.kind import KindCluster
@@ -43,7 +42,6 @@ from localkube.local import LocalCluster
 from localkube.network import POD_GATEWAY
 from localkube.processes import free_port, wait_for
 from localkube.tools import Cluster
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank.model.artifact import save_model, save_ranker
 from kvrank.model.config import ModelConfig
@@ -52,10 +50,7 @@ from kvrank.tools.processes import free_port_pair, samples
 from kvrank_operator.manifests import PodMonitoring, pod_monitor
 
 ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "kvrank-operator"
 NS = "kvrank-e2e"
-OPERATOR_NS = "kvrank-system"
-RELEASE = "kvrank"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator,!app.kubernetes.io/component"
 """The operator's own pods (the chart's test and hook pods carry a component label)."""
 REDIS_SELECTOR = "app.kubernetes.io/component=redis"
@@ -211,17 +206,6 @@ class Stack:
         self._rr = itertools.count()
         self._routes: dict[str, tuple[float, list[str]]] = {}
 
-    @property
-    def chart_values(self) -> tuple[str, ...]:
-        """``--set`` values for ``helm install``: the image this run built, never pulled."""
-        repo, tag = self.images.operator.rsplit(":", 1)
-        return (
-            "logLevel=INFO",
-            f"image.repository={repo}",
-            f"image.tag={tag}",
-            "image.pullPolicy=Never",
-        )
-
     # ------------------------------------------------------------------ setup
     def start(self) -> Stack:
         """Load the images into the (started) cluster, then the namespaces."""
@@ -251,133 +235,6 @@ class Stack:
         self.kubectl("rollout", "status", "-n", NS, f"deployment/{ARTIFACTS}", "--timeout=300s")
 
     # ------------------------------------------------------------------ the operator
-    def install_operator(self, chart: Path = CHART) -> None:
-        values = [arg for v in self.chart_values for arg in ("--set", v)]
-        self.cluster.helm(
-            "install",
-            RELEASE,
-            str(chart),
-            "--namespace",
-            OPERATOR_NS,
-            *values,
-            "--wait",
-            f"--timeout={self.install_timeout_s}s",
-        )
-
-    def monitoring_objects(self) -> dict[str, dict[str, Any]]:
-        """The chart's PrometheusRule and dashboard ConfigMap (``helm template``), by kind."""
-        rendered = self.cluster.helm(
-            "template", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
-            "--set", "monitoring.rules.enabled=true", "--set", "monitoring.dashboard.enabled=true",
-        ).stdout  # fmt: skip
-        docs = [d for d in yaml.safe_load_all(rendered) if d]
-        return {d["kind"]: d for d in docs if d["kind"] in ("PrometheusRule", "ConfigMap")}
-
-    def alert_rules(self) -> dict[str, Any]:
-        """The chart's alerts as a Prometheus rule file."""
-        return dict(self.monitoring_objects()["PrometheusRule"]["spec"])
-
-    def dashboard(self) -> dict[str, Any]:
-        """The chart's Grafana dashboard."""
-        (text,) = self.monitoring_objects()["ConfigMap"]["data"].values()
-        return dict(json.loads(text))
-
-    def upgrade_operator(self) -> None:
-        """``helm upgrade`` the release to this tree's chart."""
-        sets = [arg for v in self.chart_values for arg in ("--set", v)]
-        self.cluster.helm(
-            "upgrade",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NS,
-            *sets,
-            "--wait",
-            f"--timeout={self.install_timeout_s}s",
-        )
-
-    def helm_test(self, ranker: str) -> str:
-        """``helm upgrade`` the release to check ``ranker``'s Service too, then ``helm test``;
-        returns the test pod's log."""
-        values = [
-            *self.chart_values,
-            f"test.rankerDeployment.name={ranker}",
-            f"test.rankerDeployment.namespace={NS}",
-        ]
-        sets = [arg for v in values for arg in ("--set", v)]
-        self.cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *sets)
-        out = self.cluster.helm(
-            "test", RELEASE, "--namespace", OPERATOR_NS, "--logs", "--timeout=180s", check=False
-        )
-        assert out.returncode == 0, f"helm test failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
-
-    def api_writes(self, resources: set[str]) -> dict[str, float]:
-        """Write requests the API server has served so far, by ``verb resource[/sub]``, for
-        ``resources`` (its ``apiserver_request_total``)."""
-        text = self.kubectl("get", "--raw", "/metrics")
-        writes: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = sample.labels
-                if sample.name != "apiserver_request_total":
-                    continue
-                if labels.get("verb") not in WRITE_VERBS or labels.get("resource") not in resources:
-                    continue
-                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
-                key = f"{labels['verb']} {labels['resource']}{sub}"
-                writes[key] = writes.get(key, 0.0) + sample.value
-        return writes
-
-    def uninstall_operator(self) -> None:
-        self.cluster.helm(
-            "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", "--timeout=300s"
-        )
-
-    def operator_leader(self) -> str | None:
-        """The operator pod that holds the Lease (holder identity ``<pod>_<random>``)."""
-        leases = json.loads(self.kubectl("get", "leases", "-n", OPERATOR_NS, "-o", "json"))
-        holders = [(i.get("spec") or {}).get("holderIdentity") for i in leases["items"]]
-        held = [h for h in holders if h]
-        assert len(held) <= 1, f"more than one operator Lease held: {held}"
-        return held[0].rsplit("_", 1)[0] if held else None
-
-    def kill_operator_pod(self, pod: str) -> None:
-        """Kill an operator pod at once: no grace period, so no clean hand-over of its Lease;
-        its Deployment starts a new pod."""
-        self.kubectl(
-            "delete", "pod", pod, "-n", OPERATOR_NS, "--grace-period=0", "--force", "--wait=false"
-        )
-
-    def operator_writes(self, since: dt.datetime) -> list[tuple[dt.datetime, str, str]]:
-        """Every write the operator's pods made since ``since``, from the API server's audit
-        log: ``(time received, pod, "verb resource[/sub] namespace/name")``, oldest first.
-        The pod is the one the request's ServiceAccount token was bound to."""
-        user = f"system:serviceaccount:{OPERATOR_NS}:{self.operator_service_account}"
-        writes = []
-        for event in self.cluster.audit_events():
-            if event["user"]["username"] != user:
-                continue
-            at = dt.datetime.fromisoformat(event["requestReceivedTimestamp"])
-            if at < since:
-                continue
-            pod = (event["user"].get("extra") or {}).get("authentication.kubernetes.io/pod-name")
-            ref = event.get("objectRef") or {}
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            target = f"{ref.get('namespace')}/{ref.get('name')}"
-            what = f"{event['verb']} {ref.get('resource')}{sub} {target}"
-            writes.append((at, pod[0] if pod else "?", what))
-        return sorted(writes)
-
-    @property
-    def operator_service_account(self) -> str:
-        (dep,) = json.loads(
-            self.kubectl(
-                "get", "deployments", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, "-o", "json"
-            )
-        )["items"]
-        return str(dep["spec"]["template"]["spec"]["serviceAccountName"])
-
     def operator_log(self, lines: int = 60) -> str:
         out = self.cluster.kubectl(
             "logs", "-n", OPERATOR_NS, "-l", OPERATOR_SELECTOR, f"--tail={lines}", check=False
@@ -490,68 +347,28 @@ class Stack:
             self._routes[service] = cached
         return cached[1]
 
-    def score(self, service: str, body: dict[str, Any], timeout: float = 30.0) -> httpx.Response:
-        """One request through the Service."""
+    def score(
+        self,
+        service: str,
+        body: dict[str, Any],
+        timeout: float = 30.0,
+        headers: dict[str, str] | None = None,
+        path: str = "/v1/score",
+    ) -> httpx.Response:
+        """One request through the Service (``path``: another endpoint, ``/v1/prefetch``)."""
         urls = self.routes(service)
         if not urls:
             raise AssertionError(f"service {service} has no ready endpoints\n{self.report()}")
         url = urls[next(self._rr) % len(urls)]
-        return httpx.post(f"{url}/v1/score", json=body, timeout=timeout)
+        return httpx.post(f"{url}{path}", json=body, timeout=timeout, headers=headers)
 
     def metrics(self, service: str) -> list[str]:
         """The ``/metrics`` text of every ready pod behind ``service``."""
         return [httpx.get(f"{u}/metrics", timeout=10).text for u in self.pod_urls(service)]
 
-    # ------------------------------------------------------------------ Redis
-    def redis_pods(self, instance: str = "feed-ranker") -> list[str]:
-        """The running pods of ``instance``'s managed Redis Cluster."""
-        pods = self.select("pods", f"app.kubernetes.io/instance={instance},{REDIS_SELECTOR}")
-        return sorted(
-            p["metadata"]["name"]
-            for p in pods
-            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-        )
-
-    def redis_cli(self, pod: str, *args: str, check: bool = True, tls: bool = True) -> str:
-        """``redis-cli`` inside a managed Redis pod, with the password from its Secret (and
-        over TLS when the pod has its certificates, unless ``tls`` is false)."""
-        quoted = " ".join(f"'{a}'" for a in args)
-        ca = f"{REDIS_TLS_DIR}/ca.crt"
-        use_tls = f'[ -f {ca} ] && tls="--tls --cacert {ca}"; ' if tls else ""
-        return self.kubectl(
-            "exec",
-            "-n",
-            NS,
-            pod,
-            "--",
-            "sh",
-            "-c",
-            f'tls=""; {use_tls}REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli $tls {quoted}',
-            check=check,
-        )
-
-    def redis_password(self, instance: str = "feed-ranker") -> str:
-        secret = self.must_get("secret", f"{instance}-redis-auth")
-        return base64.b64decode(secret["data"]["password"]).decode()
-
     def command_lines(self) -> list[str]:
         """Every process command line on the cluster's nodes (what any node user can read)."""
         raise NotImplementedError
-
-    def redis_keys(self, cache_ns: str, instance: str = "feed-ranker") -> int:
-        total = 0
-        for pod in self.redis_pods(instance):
-            for pattern in (f"kvrank:{cache_ns}:*", f"kvrank-head:{cache_ns}:*"):
-                out = self.redis_cli(pod, "--scan", "--pattern", pattern, check=False)
-                total += len([line for line in out.splitlines() if line.strip()])
-        return total
-
-    def kill_redis_node(self, instance: str = "feed-ranker") -> str:
-        """Delete one of ``instance``'s Redis pods at once (its slots go dark); the
-        StatefulSet brings it back empty. Returns the pod's name."""
-        pod = self.redis_pods(instance)[-1]
-        self.kubectl("delete", "pod", "-n", NS, pod, "--grace-period=0", "--force")
-        return pod
 
 
 # ====================================================================== local
@@ -627,7 +444,7 @@ class LocalStack(Stack):
         self.discovery = PodTargets(kubeconfig, targets)
         self.discovery.start()
         rules = prom_dir / "rules.yaml"
-        rules.write_text(yaml.safe_dump(self.alert_rules()))
+        rules.write_text(yaml.safe_dump(alert_rules(self.cluster)))
         conf = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
@@ -840,9 +657,6 @@ class KindStack(Stack):
             self.forwards[service] = (proc, f"http://127.0.0.1:{port}")
             time.sleep(2)
         return [self.forwards[service][1]]
-
-
-WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 
 
 def stack_for(cluster: Cluster, workdir: Path, docker: Docker, images: Images) -> Stack:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when the test suite left something behind: a service it started (test services live
-# in pytest temp dirs: their command line or, for redis-server which rewrites its title, their
-# cwd), a container shim of the local node, or the node's network namespace, routes or
+# in pytest temp dirs, make test's lanes under /tmp/kvrank-tests: their command line or, for
+# redis-server which rewrites its title, their cwd), a container shim of the local node, or the node's network namespace, routes or
 # firewall chain (the host's network must be as the run found it).
 set -uo pipefail
 left=""
@@ -9,7 +9,7 @@ for pid in $(pgrep -f 'etcd|kube-|kubelet|containerd|coredns|redis-server|promet
   [[ -r /proc/$pid/cmdline ]] || continue
   cmd=$(tr '\0' ' ' < /proc/$pid/cmdline)
   cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)
-  if [[ "$cmd $cwd" == *pytest-of-* ]]; then left+="$pid $cmd (cwd $cwd)"$'\n'; fi
+  if [[ "$cmd $cwd" == *pytest-of-* || "$cmd $cwd" == */kvrank-tests/* ]]; then left+="$pid $cmd (cwd $cwd)"$'\n'; fi
 done
 ip netns list 2>/dev/null | grep -q '^kvrank-node' && left+="network namespace kvrank-node"$'\n'
 routes=$(ip -4 route show | grep -E '^(blackhole )?10\.(96|243|244)\.' || true)

@@ -63,9 +63,18 @@ class Images:
     """The example plugin's ranker image (a team's derived image)."""
     plugin_canary: str
     """The same plugin built again as another image: what a canary brings its code in."""
+    router: str
+    """The bundled router (stock Envoy)."""
 
     def all(self) -> tuple[str, ...]:
-        return (self.ranker, self.operator, self.redis, self.plugin, self.plugin_canary)
+        return (
+            self.ranker,
+            self.operator,
+            self.redis,
+            self.plugin,
+            self.plugin_canary,
+            self.router,
+        )
 
 
 @contextlib.contextmanager
@@ -149,7 +158,12 @@ def build_images(docker: Docker) -> Images:
     )
     prune_old_stages(docker)
     return Images(
-        ranker, f"ghcr.io/kvrank/operator:{TAG}", f"ghcr.io/kvrank/redis:{TAG}", plugin, canary
+        ranker,
+        f"ghcr.io/kvrank/operator:{TAG}",
+        f"ghcr.io/kvrank/redis:{TAG}",
+        plugin,
+        canary,
+        f"ghcr.io/kvrank/router:{TAG}",
     )
 
 

@@ -20,7 +20,12 @@ CHART = ROOT / "charts" / "kvrank-operator"
 
 
 def test_images_run_as_a_numeric_non_root_user(docker: Docker, images: Images) -> None:
-    for ref, uid in ((images.ranker, 10001), (images.operator, 10001), (images.redis, 999)):
+    for ref, uid in (
+        (images.ranker, 10001),
+        (images.operator, 10001),
+        (images.redis, 999),
+        (images.router, 10001),
+    ):
         config = docker.inspect(ref)["Config"]
         assert config["User"] == str(uid), ref  # numeric: runAsNonRoot can verify it
         ident = docker("run", "--rm", "--entrypoint", "id", ref).stdout
@@ -94,5 +99,11 @@ def test_the_plugin_image_serves_its_own_architecture_as_non_root(
         assert out.split()[:2] == ["kvrank-sasrec", "0.1.0"], out
         assert "onetrans" in out
         assert docker.inspect(ref)["Config"]["User"] == "10001"
-    labels = [docker.inspect(r)["Config"]["Labels"]["io.kvrank.release"] for r in images.all()[3:]]
+    plugins = (images.plugin, images.plugin_canary)
+    labels = [docker.inspect(r)["Config"]["Labels"]["io.kvrank.release"] for r in plugins]
     assert labels == ["stable", "canary"]  # two images: a canary can bring code of its own
+
+
+def test_the_router_image_is_the_stock_envoy(docker: Docker, images: Images) -> None:
+    out = docker("run", "--rm", "--read-only", "--cap-drop", "ALL", images.router, "--version")
+    assert "/1.40.0/" in out.stdout, out.stdout

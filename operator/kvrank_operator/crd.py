@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvrank_operator.spec import (
+    ADMISSION_MODES,
     CHECKS,
+    ROUTING_MODES,
     SHADOW_CHECKS,
     AnalysisSpec,
     CacheSpec,
@@ -21,6 +23,7 @@ from kvrank_operator.spec import (
     PodSettings,
     RankerSpec,
     RedisSpec,
+    RoutingSpec,
     ShadowSpec,
     StepSpec,
     TTLSpec,
@@ -449,6 +452,13 @@ REDIS = _obj(
 CACHE = _obj(
     {
         "l1Bytes": {"type": "integer", "minimum": 0, "default": CacheSpec.l1_bytes},
+        "hostBytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Host-memory tier between L1 and Redis (pinned on a GPU): what L1"
+            " evicts for room is kept there while its TTL lasts, found before Redis. Count it"
+            " in the pods' memory. 0 or unset: none.",
+        },
         "kvDtype": {
             "type": "string",
             "enum": ["fp32", "bf16", "fp16", "int8"],
@@ -544,8 +554,106 @@ SERVICE = _obj(
     }
 )
 
+ADMISSION = _obj(
+    {
+        "mode": {
+            "type": "string",
+            "enum": list(ADMISSION_MODES),
+            "description": "shed (the rankers' default): a request a pod cannot serve"
+            " before its deadline is refused at once (503, Retry-After) and work nobody"
+            " waits for any more is dropped; drop: queue everything, drop only work nobody"
+            " waits for; off: queue and compute everything.",
+        },
+        "defaultTimeoutMs": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 60000,
+            "description": "The deadline of a request whose caller sends no"
+            " x-kvrank-timeout-ms header (the rankers' default: 5000, the bundled router's"
+            " route timeout).",
+        },
+        "maxInflight": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 65536,
+            "description": "Scoring requests one pod holds at once, waiting or computing;"
+            " beyond it a request is refused (the rankers' default: 256).",
+        },
+    },
+    description="What one ranker pod takes on under a traffic spike. A field left out"
+    " keeps the rankers' default; a change rolls the pods.",
+)
+
+ROUTING = _obj(
+    {
+        "mode": {
+            "type": "string",
+            "enum": list(ROUTING_MODES),
+            "default": RoutingSpec.mode,
+            "description": "none: the Service picks a pod at random, the canary's share is"
+            " its share of the replicas. bundled: an Envoy router (operator-deployed) sends"
+            " each user to one pod of its version by the routing header, so its K/V is in"
+            " that pod's L1, and splits the canary's share per user. gateway: an HTTPRoute"
+            " on routing.gateway and an Envoy Gateway BackendTrafficPolicy hashing on the"
+            " header do the routing (Gateway API and Envoy Gateway must be installed).",
+        },
+        "header": {
+            "type": "string",
+            "pattern": "^[A-Za-z0-9-]{1,64}$",
+            "default": RoutingSpec.header,
+            "description": "Where callers send the user id (the rankers refuse a request"
+            " whose header names another user than its body).",
+        },
+        "hashBalanceFactor": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 10000,
+            "default": RoutingSpec.hash_balance_factor,
+            "x-kubernetes-validations": [
+                {"rule": "self == 0 || self >= 100", "message": "0 (unbounded) or at least 100"}
+            ],
+            "description": "Bounded load: no pod takes more than this percentage of the"
+            " mean of in-flight requests; 0: unbounded.",
+        },
+        "replicas": {"type": "integer", "minimum": 1, "default": RoutingSpec.replicas},
+        "image": {"type": "string", "default": RoutingSpec.image},
+        "resources": _free("The router containers' resources."),
+        "clusterDomain": {"type": "string", "default": RoutingSpec.cluster_domain},
+        "gateway": _obj(
+            {
+                "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                "namespace": {"type": "string", "maxLength": 63},
+                "sectionName": {"type": "string", "maxLength": 253},
+                "hostnames": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {"type": "string", "maxLength": 253},
+                },
+            },
+            ["name"],
+            description="routing.mode gateway: the Gateway the HTTPRoute attaches to.",
+        ),
+    },
+    description="How requests reach the ranker pods.",
+)
+ROUTING["x-kubernetes-validations"] = [
+    {
+        "rule": "self.mode != 'gateway' || has(self.gateway)",
+        "message": "routing.mode gateway needs routing.gateway.name",
+    }
+]
+
+
 SPEC = _obj(
-    {"model": MODEL, "canary": CANARY, "cache": CACHE, "ttl": TTL, "service": SERVICE},
+    {
+        "model": MODEL,
+        "canary": CANARY,
+        "cache": CACHE,
+        "ttl": TTL,
+        "service": SERVICE,
+        "routing": ROUTING,
+        "admission": ADMISSION,
+    },
     ["model"],
     **{
         "x-kubernetes-validations": [

@@ -19,6 +19,7 @@ on a timer, on every change); it never patches the status itself.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from kvrank_operator.reconcilers import (
     canary,
     managed_redis,
     monitoring,
+    routing,
     ttl,
     versions,
 )
@@ -112,10 +114,13 @@ def _pass(p: Pass, memory: Memory, options: Options) -> Outcome:
     if after != live:  # a phase or step changed: its weight and Service apply now
         versions.apply(p, after, ttl_s)
         seen = _observe(p, after)
+    report += routing.reconcile(p, after, seen)  # the router follows the canary's share
     serving, served = versions.reconcile(p, after, seen)
     namespaces, moved = cache_namespaces.reconcile(p, after, seen)
     report += served + moved + managed_redis.reconcile(p, seen.redis, options.redis_health)
-    status = p.prior.replace(
+    report = routing.fold_into_ready(report)
+    status = dataclasses.replace(
+        p.prior,
         conditions=_conditions(p, Report(conditions=(SPEC_VALID,)) + report),
         cache_namespaces=namespaces,
         rollout=record,
@@ -148,4 +153,4 @@ def _invalid(instance: Instance, prior: Status, exc: SpecError, now: dt.datetime
     )
     conditions = with_conditions(prior.conditions, updates, (), instance.generation, now)
     event = ("Warning", "InvalidSpec", f"{exc}; nothing was changed or deleted")
-    return Outcome(prior.replace(conditions=conditions), (event,))
+    return Outcome(dataclasses.replace(prior, conditions=conditions), (event,))

@@ -120,7 +120,9 @@ def advance(
     c = spec.canary
     if c is None:  # keep how the last rollout ended; a canary removed by hand leaves none
         if prior is not None and prior.phase in (PROMOTED, ABORTED):
-            return Decision(prior.replace(ended=True), condition=_last_condition(prior))
+            return Decision(
+                dataclasses.replace(prior, ended=True), condition=_last_condition(prior)
+            )
         return Decision(None)
     events: list[Event] = []
     rollout = prior
@@ -147,7 +149,7 @@ def advance(
         PROGRESSING: f"canary {c.version} at step {rollout.step_text}",
         MANUAL: f"canary {c.version} at {c.weight}%: promote or remove it in the spec",
     }.get(rollout.phase, rollout.message)
-    rollout = rollout.replace(message=message)
+    rollout = dataclasses.replace(rollout, message=message)
     return Decision(rollout, events, condition=(True, rollout.phase.value, message))
 
 
@@ -164,7 +166,7 @@ def _after_warmup(c: CanarySpec) -> Phase:
 
 def _enter(rollout: Rollout, phase: Phase, now: dt.datetime) -> Rollout:
     step = max(1, rollout.step) if phase is PROGRESSING else rollout.step
-    return rollout.replace(phase=phase, since=iso(now), checks=(), step=step)
+    return dataclasses.replace(rollout, phase=phase, since=iso(now), checks=(), step=step)
 
 
 def _show(c: CanarySpec, rollout: Rollout) -> Rollout:
@@ -176,7 +178,7 @@ def _show(c: CanarySpec, rollout: Rollout) -> Rollout:
     else:
         weight = c.weight
     step_text = f"{rollout.step}/{len(c.steps)}" if c.steps else rollout.step_text
-    return rollout.replace(weight=weight, step_text=step_text)
+    return dataclasses.replace(rollout, weight=weight, step_text=step_text)
 
 
 def _warm(
@@ -191,8 +193,10 @@ def _warm(
     w = read(f"{c.version}/warmup", since)
     requests = w.canary.get("requests", 0.0)
     hits = ratio(w.canary.get("cached", 0.0), requests)
-    rollout = rollout.replace(
-        warm_hit_ratio=None if hits is None else round(hits, 3), warm_requests=int(requests)
+    rollout = dataclasses.replace(
+        rollout,
+        warm_hit_ratio=None if hits is None else round(hits, 3),
+        warm_requests=int(requests),
     )
     shown = "no requests" if hits is None else f"{hits:.3f} over {requests:.0f} requests"
     if hits is not None and requests >= c.warmup.min_requests and hits >= c.warmup.hit_ratio:
@@ -219,7 +223,9 @@ def _analyse(
     elapsed = (now - parse_iso(rollout.since)).total_seconds()
     w = read(f"{c.version}/step-{step}", parse_iso(rollout.since))
     results = evaluate(c.analysis.checks, w)
-    rollout = _show(c, rollout.replace(step=step, checks=tuple(r.status() for r in results)))
+    rollout = _show(
+        c, dataclasses.replace(rollout, step=step, checks=tuple(r.status() for r in results))
+    )
     where = f"step {step}/{len(c.steps)} at {c.steps[step - 1].weight}%"
     failed = [r for r in results if r.verdict == "fail"]
     waiting = [r for r in results if r.verdict == "inconclusive"]
@@ -238,20 +244,24 @@ def _analyse(
             message = f"{where}: checks pass, pause ends in {pause - elapsed:.0f}s"
         reason = "Inconclusive" if waiting else "Analysing"
         return Decision(
-            rollout.replace(message=message), events, condition=(not waiting, reason, message)
+            dataclasses.replace(rollout, message=message),
+            events,
+            condition=(not waiting, reason, message),
         )
     passed = "; ".join(r.describe() for r in results)
     if step == len(c.steps):
         message = f"promoted canary {c.version} after {where}: {passed}"
         events.append(("Normal", "CanaryPromoted", message))
-        done = rollout.replace(phase=PROMOTED, since=iso(now), message=message)
+        done = dataclasses.replace(rollout, phase=PROMOTED, since=iso(now), message=message)
         promote = c.promotion == "spec"
         return Decision(done, events, promote=promote, condition=(True, PROMOTED.value, message))
     events.append(("Normal", "StepPassed", f"canary {c.version} {where} passed: {passed}"))
-    rollout = _show(c, rollout.replace(step=step + 1, since=iso(now), checks=()))
+    rollout = _show(c, dataclasses.replace(rollout, step=step + 1, since=iso(now), checks=()))
     message = f"canary {c.version} at step {rollout.step_text}"
     return Decision(
-        rollout.replace(message=message), events, condition=(True, "Analysing", message)
+        dataclasses.replace(rollout, message=message),
+        events,
+        condition=(True, "Analysing", message),
     )
 
 
@@ -266,7 +276,9 @@ def _abort(
 ) -> Decision:
     message = f"aborted canary {c.version} at {where}: {why}"
     events.append(("Warning", "RolloutAborted", message))
-    aborted = rollout.replace(phase=ABORTED, since=iso(now), reason=reason, message=message)
+    aborted = dataclasses.replace(
+        rollout, phase=ABORTED, since=iso(now), reason=reason, message=message
+    )
     return Decision(aborted, events, condition=(False, reason, message))
 
 

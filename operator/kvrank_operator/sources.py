@@ -19,6 +19,7 @@ from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.ttl import (
+    CACHED_OUTCOMES,
     HIT_RATIO_METRIC,
     INTERVAL_METRIC,
     REQUESTS_METRIC,
@@ -102,7 +103,7 @@ HIT_RATIO_WINDOW = "2m"
 
 def from_prometheus(url: str, name: str, ns: str) -> Observed:
     sel = m.PROMETHEUS_SELECTOR.format(ns=ns, name=name)
-    cached = f'{sel[:-1]},outcome=~"l1|l2|incremental"}}'
+    cached = f'{sel[:-1]},outcome=~"{"|".join(CACHED_OUTCOMES)}"}}'
     served = f'{sel[:-1]},outcome!="none"}}'
     window = HIT_RATIO_WINDOW
     mean, problem = instant_query(url, f"avg({INTERVAL_METRIC}{sel} > 0)")

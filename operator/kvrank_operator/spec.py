@@ -16,6 +16,9 @@ from typing import Any, Literal
 from kvrank_operator.errors import SpecError
 
 DEFAULT_IMAGE = "ghcr.io/kvrank/ranker:0.1.0"
+ROUTER_IMAGE = "ghcr.io/kvrank/router:0.1.0"
+ROUTING_HEADER = "X-KVRank-User"
+"""The header callers put the user id in (the rankers' ``routing_header`` default)."""
 MODELS_MOUNT = "/models"
 
 
@@ -187,6 +190,8 @@ class CacheSpec:
     redis: RedisSpec = field(default_factory=RedisSpec)
     retired_namespace_grace_seconds: int = 300
     """A retired stable version's entries stay this long: a rollback within finds them warm."""
+    host_bytes: int = 0
+    """The host-memory tier between L1 and Redis (the ranker's ``host_bytes``); 0: none."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,64 @@ class TTLSpec:
 
 
 @dataclass(frozen=True)
+class GatewayRef:
+    """The Gateway (Gateway API) a ``routing.mode: gateway`` HTTPRoute attaches to."""
+
+    name: str = ""
+    namespace: str = ""
+    """Empty: the RankerDeployment's namespace."""
+    section_name: str = ""
+    """A listener of that Gateway; empty: all of them."""
+    hostnames: tuple[str, ...] = ()
+
+
+ROUTING_MODES = ("none", "bundled", "gateway")
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """How requests reach the ranker pods. ``none``: the shared Service picks a pod at
+    random (kube-proxy), the canary's share is its share of the replicas. ``bundled``: the
+    shared Service fronts an Envoy router the operator deploys, which sends each user (by
+    ``header``) to one pod of its version and splits the canary's share per user.
+    ``gateway``: an HTTPRoute on the cluster's Gateway and an Envoy Gateway
+    BackendTrafficPolicy hashing on ``header`` do the same (see ``manifests.gateway``)."""
+
+    mode: Literal["none", "bundled", "gateway"] = "none"
+    header: str = ROUTING_HEADER
+    hash_balance_factor: int = 150
+    """Bounded load: no pod takes more than this percentage of the mean (≥ 100)."""
+    replicas: int = 2
+    image: str = ROUTER_IMAGE
+    resources: dict[str, Any] = field(default_factory=dict)
+    cluster_domain: str = "cluster.local"
+    """The cluster's DNS domain: the router finds each version's pods by name."""
+    gateway: GatewayRef = field(default_factory=GatewayRef)
+
+
+ADMISSION_MODES = ("shed", "drop", "off")
+
+
+@dataclass(frozen=True)
+class AdmissionSpec:
+    """What one ranker pod takes on under a spike (the rankers' ``admission`` settings: see
+    ``kvrank.admission``). A field left out keeps the ranker's own default; a changed one
+    rolls the pods (it reaches them as an environment variable)."""
+
+    mode: str | None = None
+    default_timeout_ms: int | None = None
+    max_inflight: int | None = None
+
+    def ranker_env(self) -> list[dict[str, str]]:
+        named = (
+            ("KVRANK_ADMISSION_MODE", self.mode),
+            ("KVRANK_ADMISSION_DEFAULT_TIMEOUT_MS", self.default_timeout_ms),
+            ("KVRANK_ADMISSION_MAX_INFLIGHT", self.max_inflight),
+        )
+        return [{"name": name, "value": str(v)} for name, v in named if v is not None]
+
+
+@dataclass(frozen=True)
 class RankerSpec:
     model: ModelSpec
     canary: CanarySpec | None
@@ -221,6 +284,8 @@ class RankerSpec:
     ttl: TTLSpec
     port: int = 8080
     service_type: str = "ClusterIP"
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+    admission: AdmissionSpec = field(default_factory=AdmissionSpec)
 
     def artifact_of(self, role: str) -> tuple[str, str | None]:
         """(uri, sha256) of the stable or the canary version."""
@@ -339,7 +404,56 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         ttl,
         int(svc.get("port", RankerSpec.port)),
         svc.get("type", RankerSpec.service_type),
+        _routing(spec.get("routing") or {}),
+        _admission(spec.get("admission") or {}),
     )
+
+
+def _admission(a: dict[str, Any]) -> AdmissionSpec:
+    admission = AdmissionSpec(
+        mode=a.get("mode"),
+        default_timeout_ms=_int_or_none(a.get("defaultTimeoutMs")),
+        max_inflight=_int_or_none(a.get("maxInflight")),
+    )
+    if admission.mode is not None and admission.mode not in ADMISSION_MODES:
+        raise SpecError(
+            "admission.mode", f"{admission.mode!r} is not one of {', '.join(ADMISSION_MODES)}"
+        )
+    return admission
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _routing(r: dict[str, Any]) -> RoutingSpec:
+    routing = RoutingSpec(
+        mode=r.get("mode", RoutingSpec.mode),
+        header=r.get("header", RoutingSpec.header),
+        hash_balance_factor=int(r.get("hashBalanceFactor", RoutingSpec.hash_balance_factor)),
+        replicas=int(r.get("replicas", RoutingSpec.replicas)),
+        image=r.get("image", RoutingSpec.image),
+        resources=r.get("resources") or {},
+        cluster_domain=r.get("clusterDomain", RoutingSpec.cluster_domain),
+        gateway=GatewayRef(
+            name=(gw := r.get("gateway") or {}).get("name", ""),
+            namespace=gw.get("namespace", ""),
+            section_name=gw.get("sectionName", ""),
+            hostnames=tuple(gw.get("hostnames") or ()),
+        ),
+    )
+    if routing.mode not in ROUTING_MODES:
+        raise SpecError(
+            "routing.mode", f"{routing.mode!r} is not one of {', '.join(ROUTING_MODES)}"
+        )
+    if routing.mode == "gateway" and not routing.gateway.name:
+        raise SpecError("routing.gateway.name", "required with routing.mode gateway")
+    if routing.hash_balance_factor and routing.hash_balance_factor < 100:
+        raise SpecError(
+            "routing.hashBalanceFactor",
+            f"{routing.hash_balance_factor} is below 100 (a pod's share of the mean); 0: unbounded",
+        )
+    return routing
 
 
 def _canary(c: dict[str, Any]) -> CanarySpec:
@@ -483,6 +597,7 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
         c.get("kvDtype", CacheSpec.kv_dtype),
         redis,
         int(c.get("retiredNamespaceGraceSeconds", CacheSpec.retired_namespace_grace_seconds)),
+        int(c.get("hostBytes", CacheSpec.host_bytes)),
     )
 
 

@@ -280,9 +280,6 @@ class Rollout:
         out["phase"] = self.phase.value
         return out
 
-    def replace(self, **changes: Any) -> Rollout:
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass(frozen=True)
 class VersionStatus:
@@ -370,9 +367,6 @@ class Status:
 
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)
-
-    def replace(self, **changes: Any) -> Status:
-        return dataclasses.replace(self, **changes)
 
 
 def _serving_from_storage(doc: Mapping[str, Any]) -> Serving | None:

@@ -16,6 +16,8 @@ HYSTERESIS = 0.10
 INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"
 HIT_RATIO_METRIC = "kvrank_cache_hit_ratio"
 REQUESTS_METRIC = "kvrank_requests_total"
+CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
+"""The ``outcome`` labels of a request served from a cache (the hit ratio's numerator)."""
 
 
 def parse_gauge(text: str, name: str, positive: bool = False) -> list[float]:

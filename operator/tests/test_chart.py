@@ -93,11 +93,33 @@ def test_rbac_is_least_privilege() -> None:
     assert rules[(("kvrank.io",), ("rankerdeployments",), ())] == {"get", "list", "watch", "patch"}
     assert rules[(("",), ("pods",), ())] == {"list", "watch"}
     assert rules[(("",), ("secrets",), ())] == {"get", "create", "patch"}  # never list or watch
-    assert rules[(("",), ("configmaps",), ())] == {"create", "patch"}
+    # delete: the bundled router's ConfigMap and PDB, when routing goes back to none
+    assert rules[(("",), ("configmaps",), ())] == {"create", "patch", "delete"}
     assert CRD_RULES.items() <= rules.items()
+    assert not [k for k in rules if k[0] == ("gateway.networking.k8s.io",)]  # opt-in
     everything = {v for verbs in rules.values() for v in verbs}
     assert "*" not in everything and "escalate" not in everything and "bind" not in everything
     assert all("*" not in r["resources"] for r in role["rules"])
+
+
+def test_gateway_routing_may_write_routes_and_policies_only() -> None:
+    role = next(
+        d for d in render("--set", "rbac.gatewayRouting=true") if d["kind"] == "ClusterRole"
+    )
+    rules = _rules(role)
+    assert rules[(("gateway.networking.k8s.io",), ("httproutes",), ())] == {
+        "get",
+        "create",
+        "patch",
+        "delete",
+    }
+    assert rules[(("gateway.envoyproxy.io",), ("backendtrafficpolicies",), ())] == {
+        "create",
+        "patch",
+        "delete",
+    }
+    gateway_groups = {"gateway.networking.k8s.io", "gateway.envoyproxy.io"}
+    assert len([k for k in rules if set(k[0]) & gateway_groups]) == 2  # no Gateways, no list
 
 
 def test_watched_namespaces_get_roles_not_cluster_wide_rights() -> None:

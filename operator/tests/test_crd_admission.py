@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 from spec_fragments import POD_KNOBS
-
-from kvrank_operator.crd import crd
+from test_chart_monitoring_admission import install_crds
 
 pytestmark = pytest.mark.kube
 
@@ -35,12 +34,7 @@ PROGRESSIVE: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def admit(cluster):
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd())
-    )
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/rankerdeployments.kvrank.io"
-    )
+    install_crds(cluster, [], [], ours=True)
 
     def admit(spec: dict[str, Any]) -> tuple[bool, str]:
         doc = {
@@ -154,6 +148,17 @@ INVALID = [
         with_({"canary": {**CANARY, "analysis": {"errorRatio": {"min": 0.01}}}}),
         "spec.canary.analysis.errorRatio.min",  # unknown field: only max exists
     ),
+    ("an unknown admission mode", with_({"admission": {"mode": "queue"}}), "spec.admission.mode"),
+    (
+        "no request at all in a pod",
+        with_({"admission": {"maxInflight": 0}}),
+        "spec.admission.maxInflight",
+    ),
+    (
+        "a default deadline over a minute",
+        with_({"admission": {"defaultTimeoutMs": 60001}}),
+        "spec.admission.defaultTimeoutMs",
+    ),
     (
         "a shadow sample over 1",
         with_({"canary": {**CANARY, "shadow": {"sample": 1.5}}}),
@@ -182,6 +187,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         with_({"cache": {"redis": {"tls": True}}}),
         with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
         with_({"canary": PROGRESSIVE}),
+        with_({"admission": {"mode": "shed", "defaultTimeoutMs": 300, "maxInflight": 64}}),
     ],
     ids=[
         "minimal",
@@ -194,6 +200,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "managed TLS",
         "managed TLS with a Secret of one's own",
         "a progressive rollout with every check",
+        "admission control",
     ],
 )
 def test_a_valid_spec_is_admitted(admit, spec) -> None:

@@ -46,6 +46,10 @@ def test_examples_parse() -> None:
         ),
         ({"canary": {"version": "v2", "uri": "s3://bucket/v2"}}, "canary.uri"),
         ({"cache": {"redis": {"tlsSecretName": "mine"}}}, "cache.redis.tlsSecretName"),
+        ({"routing": {"mode": "mesh"}}, "routing.mode"),
+        ({"routing": {"mode": "gateway"}}, "routing.gateway.name"),
+        ({"routing": {"mode": "bundled", "hashBalanceFactor": 50}}, "routing.hashBalanceFactor"),
+        ({"admission": {"mode": "queue"}}, "admission.mode"),
     ],
 )
 def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
@@ -94,6 +98,17 @@ def test_ranker_config_matches_the_server_schema() -> None:
     assert cfg.redis.url == "redis://feed-redis-0.feed-redis-headless.prod.svc:6379"
 
 
+def test_a_host_tier_is_in_the_pods_config_only_when_asked_for() -> None:
+    from kvrank.server.config import ServerConfig
+
+    doc = example("basic.yaml")
+    plain = yaml.safe_load(m.ranker_config(parse_spec(doc), "feed", "prod", ttl_s=None))
+    assert "host_bytes" not in plain  # an unchanged spec keeps the file its pods have
+    doc["cache"]["hostBytes"] = 8 * 2**30
+    with_host = yaml.safe_load(m.ranker_config(parse_spec(doc), "feed", "prod", ttl_s=None))
+    assert ServerConfig.model_validate(with_host).host_bytes == 8 * 2**30
+
+
 def test_every_variable_the_operator_sets_is_a_ranker_setting() -> None:
     from kvrank.server.config import environment_variables
 
@@ -103,6 +118,25 @@ def test_every_variable_the_operator_sets_is_a_ranker_setting() -> None:
     names = {e["name"] for e in ranker["env"] if e["name"].startswith("KVRANK_")}
     assert {"KVRANK_MODEL_DIR", "KVRANK_MODEL_VERSION", "KVRANK_CONFIG_FILE"} <= names
     assert names <= set(environment_variables()), names - set(environment_variables())
+
+
+def test_admission_settings_reach_the_pods_as_the_rankers_own_and_only_when_set() -> None:
+    from kvrank.server.config import load_config
+
+    def ranker_env(spec: dict) -> dict[str, str]:
+        dep = m.deployment(parse_spec(spec), "feed", "prod", "v1", "/models/v1", 2, "stable")
+        (ranker,) = dep["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in ranker["env"] if "ADMISSION" in e["name"]}
+
+    model = {"version": "v1", "uri": "/models/v1"}
+    assert ranker_env({"model": model}) == {}  # the rankers' defaults, the pods unchanged
+    admission = {"mode": "drop", "defaultTimeoutMs": 250, "maxInflight": 64}
+    env = ranker_env({"model": model, "admission": admission})
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = load_config({}).admission
+    assert (settings.mode, settings.default_timeout_ms, settings.max_inflight) == ("drop", 250, 64)
 
 
 def test_a_default_spec_gives_pods_the_rankers_own_defaults() -> None:

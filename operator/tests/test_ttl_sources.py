@@ -143,3 +143,13 @@ def test_the_tuner_reads_the_names_a_ranker_exports() -> None:
     assert parse_gauge(text, INTERVAL_METRIC, positive=True) == [2.0]
     assert parse_gauge(text, HIT_RATIO_METRIC) == [0.5]
     assert f"{REQUESTS_METRIC}{{" in text
+
+
+def test_the_hit_ratio_counts_the_outcomes_a_ranker_calls_cached() -> None:
+    """The hit ratio's numerator: every cache outcome a ranker serves from (the host tier
+    included), and no other."""
+    from kvrank.metrics import CACHED_OUTCOMES as RANKER_CACHED
+    from kvrank.metrics import OUTCOMES
+    from kvrank_operator.ttl import CACHED_OUTCOMES
+
+    assert set(CACHED_OUTCOMES) == set(RANKER_CACHED) and set(CACHED_OUTCOMES) < set(OUTCOMES)

@@ -260,11 +260,29 @@ def loadtest(
         ),
     ] = None,
     pods: Annotated[int, typer.Option(min=1, help="Cache-enabled rankers sharing Redis.")] = 2,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="replay: the workload, cache vs no cache; overload: a spike of --factor ×"
+            " one ranker's miss capacity, with and without admission control."
+        ),
+    ] = "replay",
+    factor: Annotated[float, typer.Option(min=1.0, help="overload: × capacity.")] = 4.0,
+    duration: Annotated[float, typer.Option(min=1.0, help="overload: seconds of spike.")] = 15.0,
+    deadline_ms: Annotated[
+        int, typer.Option(min=1, max=60_000, help="overload: each caller's deadline.")
+    ] = 1_000,
 ) -> None:
-    """Replay a workload against cache-enabled and cache-disabled servers, side by side.
-    The profile sets the workload; each option replaces one of its knobs."""
-    from kvrank.tools.jobs import run_loadtest
+    """Replay a workload against cache-enabled and cache-disabled servers, side by side
+    (the profile sets the workload; each option replaces one of its knobs); or, with
+    ``--scenario overload``, a traffic spike with and without admission control."""
+    from kvrank.tools.jobs import run_loadtest, run_overload_test
 
+    if scenario == "overload":
+        run_overload_test(model, json_out, factor, duration, deadline_ms, candidates or 100)
+        return
+    if scenario != "replay":
+        raise typer.BadParameter("replay or overload", param_hint="--scenario")
     if profile not in ("smoke", "quick", "full"):
         raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
     if arrival not in (None, "poisson", "bursty"):

@@ -26,6 +26,15 @@ class InputError(KvrankError, ValueError):
         self.problem = problem
 
 
+class HeaderError(InputError):
+    """A request header is malformed or out of its limits (maps to 400, naming the header)."""
+
+
+class RoutingKeyError(HeaderError):
+    """The routing header (the key a proxy hashes to pick the user's pod) names another user
+    than the body's ``user_id`` (maps to 400, naming the header)."""
+
+
 class IncompatibleKVError(KvrankError, ValueError):
     """A ``UserKV`` was produced by another model version or configuration (maps to 409).
 
@@ -57,3 +66,34 @@ class ModelCheckError(ArtifactError):
 
 class DeviceError(KvrankError, RuntimeError):
     """The configured compute device is not usable here (e.g. ``cuda`` without a GPU)."""
+
+
+class Overloaded(KvrankError):
+    """The pod cannot serve this request before its deadline: shed before any model work
+    (maps to 503 with ``Retry-After``: another pod, or this one a moment later, can).
+
+    ``reason`` is one of :data:`kvrank.admission.SHED_REASONS`."""
+
+    def __init__(self, reason: str, why: str, retry_after_s: int) -> None:
+        super().__init__(f"overloaded: {why}")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Abandoned(KvrankError):
+    """An admitted request's deadline passed, or its caller left, before a piece of its
+    model work started: the work is dropped, never computed (maps to 504 for a deadline;
+    to 499, which nobody reads, for a caller that left).
+
+    ``ticket`` is the request's own :class:`kvrank.admission.Ticket`: a request that shared
+    another's computation (same user, same history) and got this error can tell that it was
+    the other one that gave up."""
+
+    def __init__(self, reason: str, stage: str, ticket: object) -> None:
+        super().__init__(
+            f"dropped before {stage}: "
+            + ("the caller disconnected" if reason == "disconnected" else "its deadline passed")
+        )
+        self.reason = reason
+        self.stage = stage
+        self.ticket = ticket

@@ -9,6 +9,7 @@ time from the same registry.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import (
@@ -20,21 +21,28 @@ from prometheus_client import (
     Gauge,
     Histogram,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from kvrank.admission import ABANDON_REASONS, ABANDON_STAGES, SHED_REASONS, Admission
 from kvrank.cache import CONSTANT_LABELS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
-STAGES = ("hash", "l1", "l2", "encode", "extend", "score", "serde")
+STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 """Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
-OUTCOMES = ("l1", "l2", "incremental", "miss", "none")
-CACHED_OUTCOMES = ("l1", "l2", "incremental")
+OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
+CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 SCORE_ROUTE = "/v1/score"
-SCORE_CODES = ("200", "422", "500", "503")
+SCORE_CODES = ("200", "422", "500", "503", "504")
 """Responses of the scoring route exported from the start: a series born at its first
 response hides that response from Prometheus' ``increase()`` (a canary's first 5xx
 included)."""
 ENCODE_KINDS = ("full", "incremental")
+PREFETCH_ROUTE = "/v1/prefetch"
+PREFETCH_RESULTS = (*OUTCOMES, "dropped", "failed")
+"""What became of a prefetch: the cache outcome of its lookup (``miss``: it made the entry),
+``dropped`` (too many in flight) or ``failed`` (an error, logged; the caller had its 202)."""
 
 
 @dataclass
@@ -94,6 +102,27 @@ class Metrics:
             [*names, "device"],
             registry=r,
         ).labels(*values, self.device).set(1)
+        self.queue_wait = Histogram(
+            "kvrank_model_queue_wait_seconds",
+            "Wait of each piece of model work for the model thread",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(*values)
+        self._http_and_prefetch(names, values)
+        self._values = values
+        self._served = 0
+        self._cached = 0
+
+    def _http_and_prefetch(self, names: list[str], values: tuple[str, str]) -> None:
+        r = self.registry
+        prefetches = Counter(
+            "kvrank_prefetches",
+            "Prefetches (user side only, ahead of a ranking request) by what became of them",
+            [*names, "result"],
+            registry=r,
+        )
+        self.prefetches = {k: prefetches.labels(*values, k) for k in PREFETCH_RESULTS}
         self._responses = Counter(
             "kvrank_http_responses",
             "HTTP responses by route and status code (errors included)",
@@ -102,9 +131,10 @@ class Metrics:
         )
         for code in SCORE_CODES:  # at 0 from the start: increase() sees their first ones
             self._responses.labels(*values, SCORE_ROUTE, code)
-        self._values = values
-        self._served = 0
-        self._cached = 0
+
+    def watch_admission(self, admission: Admission, queue_depth: Callable[[], int]) -> None:
+        """Export admission control's state (read at scrape time)."""
+        self.registry.register(AdmissionCollector(admission, queue_depth, list(self._values)))
 
     def observe_response(self, route: str, code: int) -> None:
         self._responses.labels(*self._values, route, str(code)).inc()
@@ -118,3 +148,42 @@ class Metrics:
         self._served += 1
         self._cached += outcome in CACHED_OUTCOMES
         self.hit_ratio.set(self._cached / self._served)
+
+
+class AdmissionCollector(Collector):
+    """Admission control's state at scrape time: what an autoscaler scales on (requests in
+    the pod, model work queued, the wait a new request would face) and what was refused."""
+
+    def __init__(self, admission: Admission, queue_depth: Callable[[], int], values: list[str]):
+        self.admission, self.queue_depth, self.values = admission, queue_depth, values
+
+    def collect(self) -> Iterator[Metric]:
+        a, labels = self.admission, list(CONSTANT_LABELS)
+        gauges = {
+            "kvrank_inflight_requests": ("Admitted scoring requests in the pod", a.inflight),
+            "kvrank_model_queue_depth": ("Model work queued for its thread", self.queue_depth()),
+            "kvrank_estimated_wait_seconds": ("A new request's wait", a.estimated_wait_s()),
+            "kvrank_request_model_seconds": ("Model time per request (mean)", a.cost_s),
+            "kvrank_event_loop_lag_seconds": ("How far behind the event loop runs", a.loop_lag_s),
+        }
+        for name, (doc, value) in gauges.items():
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric(self.values, value)
+            yield gauge
+        shed = CounterMetricFamily(
+            "kvrank_shed_requests",
+            "Requests refused before any model work (503), by reason",
+            labels=[*labels, "reason"],
+        )
+        for reason in SHED_REASONS:
+            shed.add_metric([*self.values, reason], a.stats.shed[reason])
+        yield shed
+        dropped = CounterMetricFamily(
+            "kvrank_abandoned_requests",
+            "Admitted requests whose work was dropped uncomputed, by reason and stage",
+            labels=[*labels, "reason", "stage"],
+        )
+        for reason in ABANDON_REASONS:
+            for stage in ABANDON_STAGES:
+                dropped.add_metric([*self.values, reason, stage], a.stats.abandoned[reason, stage])
+        yield dropped

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
-from kvrank.cache import Created, Outcome, Prefix, TieredCache, TTLSettings, sequence_chain
+from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
+from kvrank.cache import Created, Lookup, Outcome, Prefix, TieredCache, TTLSettings, sequence_chain
+from kvrank.errors import Abandoned
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
@@ -29,30 +31,41 @@ from kvrank.model.features import (
     example_user,
 )
 from kvrank.model.kv import UserKV
-from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
 from kvrank.runner import ModelRunner
 
 log = logging.getLogger("kvrank.service")
 
 
-@dataclass
-class ServiceSettings:
-    kv_dtype: KVDType | None = None
-    incremental: Literal["exact", "approximate", "off"] = "exact"
-    """``exact``: extend a cached prefix only when the result equals a full encode
-    (the model's ``extend_is_exact``), else encode in full; ``approximate``: extend also
-    once a window slides (bounded drift, re-encoded every ``refresh_every``); ``off``: never
-    extend. A model that cannot extend (no ``extend_user``) always encodes in full."""
-    refresh_every: int = DEFAULT_REFRESH_EVERY
-    """``approximate``: encode from scratch once a cached prefix has been extended this many
-    times."""
-    microbatch_ms: float = 0.0
-    """> 0: collect concurrent requests for up to this long and score them in one pass
-    (pays off on GPUs; off by default)."""
-    microbatch_max: int = 32
-    cache_mode: Literal["kv", "full"] = "kv"
-    """``full`` serves without any K/V cache: each request's C full sequences batched (the
-    strongest no-cache server, the baseline)."""
+class ServiceSettings(Protocol):
+    """What the service reads of its settings: the server's config is one
+    (:class:`~kvrank.server.config.ServerConfig`, whose fields document them and their
+    limits), passed as it is."""
+
+    @property
+    def kv_dtype(self) -> KVDType | None: ...
+    @property
+    def incremental(self) -> Literal["exact", "approximate", "off"]:
+        """``exact``: extend a cached prefix only when the result equals a full encode
+        (the model's ``extend_is_exact``), else encode in full; ``approximate``: extend also
+        once a window slides (bounded drift, re-encoded every ``refresh_every``); ``off``:
+        never extend. A model that cannot extend (no ``extend_user``) always encodes in
+        full."""
+
+    @property
+    def refresh_every(self) -> int: ...
+    @property
+    def microbatch_ms(self) -> float:
+        """> 0: collect concurrent requests for up to this long and score them in one pass
+        (pays off on GPUs; off by default)."""
+
+    @property
+    def microbatch_max(self) -> int: ...
+    @property
+    def admission(self) -> AdmissionSettings: ...
+    @property
+    def cache_mode(self) -> Literal["kv", "full"]:
+        """``full`` serves without any K/V cache: each request's C full sequences batched
+        (the strongest no-cache server, the baseline)."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +88,21 @@ class RankingService:
         self.cache = cache
         self.settings = settings
         self.metrics = metrics
-        self.runner = ModelRunner(model, settings.microbatch_ms / 1e3, settings.microbatch_max)
+        self.runner = ModelRunner(
+            model,
+            settings.microbatch_ms / 1e3,
+            settings.microbatch_max,
+            on_wait=metrics.queue_wait.observe,
+        )
+        self.admission = Admission(settings.admission, self.runner.queued_work_s)
+        metrics.watch_admission(self.admission, lambda: self.runner.queue_depth)
         self.fingerprint = model.fingerprint()
         self.features = model.features
-        self._extends = isinstance(model, Extendable) and settings.incremental != "off"
-        """Whether a cached prefix is worth looking up for this model and these settings."""
+        self._extender: Extendable | None = (
+            model if isinstance(model, Extendable) and settings.incremental != "off" else None
+        )
+        """The model when a cached prefix is worth looking up (it extends, and these settings
+        let it); decided once, not per miss."""
 
     async def close(self) -> None:
         await self.cache.close()
@@ -113,16 +136,66 @@ class RankingService:
         """Drop every cached entry of ``user_id`` (both tiers); how many were removed."""
         return await self.cache.invalidate_user(user_id)
 
-    async def score(self, user_id: str, user: UserInput, cands: CandidateInput) -> ScoreResult:
+    def deadline(self, timeout_ms: float | None = None) -> Deadline:
+        """A request's deadline: ``timeout_ms`` after it was sent, else the configured
+        default (see :meth:`~kvrank.admission.Admission.deadline`)."""
+        return self.admission.deadline(timeout_ms or self.settings.admission.default_timeout_ms)
+
+    async def score(
+        self,
+        user_id: str,
+        user: UserInput,
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+    ) -> ScoreResult:
+        """Scores of ``cands`` for the user; raises :class:`~kvrank.errors.Overloaded` when
+        the pod cannot serve it before ``deadline`` (default: the configured one), and
+        :class:`~kvrank.errors.Abandoned` when nobody waits for it any more."""
         start = time.perf_counter()
         check_user(self.features, user)
         check_candidates(self.features, cands)
         interval = self.cache.ttl.observe(user_id)
         if interval is not None:
             self.metrics.intervals.observe(interval)
+        with self.admission.admit(deadline or self.deadline()) as ticket:
+            if self.settings.cache_mode == "full":
+                logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
+                return self._result(logits, Outcome.NONE, {"total": _ms(start)})
+            found, timings = await self._own_user_kv(user_id, user, ticket)
+            t = time.perf_counter()
+            logits = await self.runner.score(found.kv, cands)
+            timings["score"] = _ms(t)
+            timings["total"] = _ms(start)
+            return self._result(logits, found.outcome, timings)
+
+    async def _own_user_kv(
+        self, user_id: str, user: UserInput, ticket: Ticket
+    ) -> tuple[Lookup, dict[str, float]]:
+        """:meth:`_user_kv`, made again for this request when the request it shared the
+        computation with (same user, same history) was dropped: one caller leaving must not
+        fail another."""
+        while True:
+            try:
+                return await self._user_kv(user_id, user)
+            except Abandoned as exc:
+                if exc.ticket is ticket:
+                    raise
+
+    async def prefetch(self, user_id: str, user: UserInput) -> Outcome:
+        """Make the user's entry ahead of its ranking request (the retrieval stage knows the
+        user first): the same lookup, lock and write-through as :meth:`score`, no scoring.
+        Not a request of the user's: it counts in neither the hit ratio nor the request
+        intervals the TTL is tuned from."""
+        check_user(self.features, user)
         if self.settings.cache_mode == "full":
-            logits = await self.runner.run(self.model.forward_full, user, cands)
-            return self._result(logits, Outcome.NONE, {"total": _ms(start)})
+            outcome = Outcome.NONE
+        else:
+            outcome = (await self._user_kv(user_id, user))[0].outcome
+        self.metrics.prefetches[outcome.value].inc()
+        return outcome
+
+    async def _user_kv(self, user_id: str, user: UserInput) -> tuple[Lookup, dict[str, float]]:
+        """The user's K/V from the nearest tier holding it, else made once across pods."""
         t = time.perf_counter()
         chain = sequence_chain(user, self.fingerprint, self.features)
         key = self.cache.key(user_id, chain[-1])
@@ -131,29 +204,26 @@ class RankingService:
             key,
             len(user),
             lambda prefix: self._create(user, prefix),
-            chain if self._extends else None,
+            chain if self._extender is not None else None,
         )
-        timings.update(found.timings_ms)
-        t = time.perf_counter()
-        logits = await self.runner.score(found.kv, cands)
-        timings["score"] = _ms(t)
-        timings["total"] = _ms(start)
-        return self._result(logits, found.outcome, timings)
+        return found, timings | found.timings_ms
 
     async def _create(self, user: UserInput, prefix: Prefix | None) -> Created:
         """Extend the cached prefix the cache found (when it may be), else encode it all."""
         t = time.perf_counter()
-        model = self.model
+        model = self._extender
         if (
             prefix is not None
-            and isinstance(model, Extendable)
+            and model is not None
             and self._may_extend(model, prefix.kv, len(user) - prefix.events)
         ):
             new_events = user.slice(prefix.events)
-            kv = await self.runner.run(model.extend_user, prefix.kv, new_events)
+            kv = await self.runner.run(model.extend_user, prefix.kv, new_events, stage="extend")
             self.metrics.encodes["incremental"].inc()
             return Created(kv, Outcome.INCREMENTAL, "extend", _ms(t))
-        kv = await self.runner.run(self.model.encode_user, user, self.settings.kv_dtype)
+        kv = await self.runner.run(
+            self.model.encode_user, user, self.settings.kv_dtype, stage="encode"
+        )
         self.metrics.encodes["full"].inc()
         return Created(kv, Outcome.MISS, "encode", _ms(t))
 

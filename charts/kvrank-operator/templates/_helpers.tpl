@@ -58,7 +58,7 @@ the generated Redis password is read and created, never listed or watched. */}}
   verbs: [create, patch, delete]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [create, patch]
+  verbs: [create, patch, delete]  # delete: the router's, when routing goes back to none
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create, patch]
@@ -67,7 +67,7 @@ the generated Redis password is read and created, never listed or watched. */}}
   verbs: [get, list, watch, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create, patch]
+  verbs: [create, patch, delete]  # delete: the router's, when routing goes back to none
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [create, patch]
@@ -78,6 +78,16 @@ the generated Redis password is read and created, never listed or watched. */}}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.rbac.gatewayRouting }}
+# routing.mode gateway: the HTTPRoute and its BackendTrafficPolicy (read back: the route's
+# status says whether its Gateway accepted it)
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, create, patch, delete]
+- apiGroups: [gateway.envoyproxy.io]
+  resources: [backendtrafficpolicies]
+  verbs: [create, patch, delete]
+{{- end }}
 {{- if .Values.monitoring.podMonitor.enabled }}
 # a PodMonitor next to each RankerDeployment (removed with it by garbage collection)
 - apiGroups: [monitoring.coreos.com]
@@ -97,7 +107,7 @@ groups:
     rules:
       - alert: KvrankCacheHitRatioLow
         expr: |
-          sum by ({{ $by }}) (rate(kvrank_requests_total{outcome=~"l1|l2|incremental"}[{{ $r.hitRatioWindow }}]))
+          sum by ({{ $by }}) (rate(kvrank_requests_total{outcome=~"l1|host|l2|incremental"}[{{ $r.hitRatioWindow }}]))
             / sum by ({{ $by }}) (rate(kvrank_requests_total{outcome!="none"}[{{ $r.hitRatioWindow }}]))
             < {{ $r.hitRatioMin }}
         for: {{ $r.hitRatioFor }}

@@ -35,6 +35,7 @@ from kvrank_operator.manifests.ranker import (
     services,
 )
 from kvrank_operator.manifests.redis import bootstrap_script, managed_redis, tls_dns_names
+from kvrank_operator.manifests.router import pods_service, router_name, router_objects
 
 __all__ = [
     "CONFIG_FILE",
@@ -54,6 +55,7 @@ __all__ = [
     "password_secret",
     "pod_disruption_budget",
     "pod_monitor",
+    "pods_service",
     "purge_job",
     "ranker_config",
     "ranker_selector",
@@ -61,6 +63,8 @@ __all__ = [
     "redis_url",
     "restricted_container",
     "restricted_pod",
+    "router_name",
+    "router_objects",
     "services",
     "tls_dns_names",
     "tls_secret_name",

@@ -29,7 +29,7 @@ from kvrank_operator.manifests.common import (
     tls_secret_name,
     version_labels,
 )
-from kvrank_operator.spec import MODELS_MOUNT, RankerSpec, namespace_for
+from kvrank_operator.spec import MODELS_MOUNT, ROUTING_HEADER, RankerSpec, namespace_for
 
 RANKER_UID = 10001
 """The ranker image's numeric user (images/ranker/Dockerfile)."""
@@ -51,6 +51,10 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
         "redis": redis,
         "ttl": spec.ttl.ranker_settings(fixed),
     }
+    if spec.cache.host_bytes:  # only when set: an unchanged spec keeps an unchanged file
+        doc["host_bytes"] = spec.cache.host_bytes
+    if spec.routing.header != ROUTING_HEADER:  # the rankers check the header routed by
+        doc["routing_header"] = spec.routing.header
     c = spec.canary
     if c is not None and c.shadow is not None and c.shadow.sample > 0:
         # every pod reads this file: the canary's own pods skip it (shadow.version)
@@ -187,6 +191,7 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},
         {"name": "KVRANK_PORT", "value": str(spec.port)},
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
+        *spec.admission.ranker_env(),
         *spec.model.env,
     ]
 
@@ -253,12 +258,15 @@ def _container(
 
 
 def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
-    """One Service over every serving version (a warming canary is not one yet), plus one
-    per version (for routers, and the shadow traffic that warms a canary)."""
+    """One Service over every serving version (a warming canary is not one yet) or, with
+    the bundled router, over the router's pods; plus one per version (for routers, and the
+    shadow traffic that warms a canary)."""
     port = [{"name": "http", "port": spec.port, "targetPort": "http"}]
     selector = ranker_selector(instance)
     if spec.canary is not None and not spec.canary.serving:
         selector["kvrank.io/version"] = spec.model.version
+    if spec.routing.mode == "bundled":  # the router picks the version and the pod
+        selector = {**ranker_selector(instance), "app.kubernetes.io/component": "router"}
     out = [
         {
             "apiVersion": "v1",

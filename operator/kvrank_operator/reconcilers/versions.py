@@ -38,6 +38,8 @@ def _remove_old_versions(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Eve
             continue
         p.kube.delete("apps/v1", "Deployment", ns, dep["metadata"]["name"])
         p.kube.delete("v1", "Service", ns, m.deployment_name(name, version))
+        if live.routing.mode == "bundled":  # its headless Service, for the router
+            p.kube.delete("v1", "Service", ns, m.pods_service(name, version))
         why = f"removed model version {version}: stable {live.model.version} is Ready"
         events.append(("Normal", "VersionRemoved", why))
     return tuple(events)
@@ -58,8 +60,9 @@ def _serving(p: Pass, live: RankerSpec, seen: Observed) -> Serving:
 
 
 def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[ConditionUpdate, ...]:
+    live_versions = {version for version, _ in live.versions()}
     all_ready = all(seen.ready(live, v.version, v.role) for v in serving.versions)
-    leftovers = [v for v in seen.deployments if v not in dict(live.versions())]
+    leftovers = [v for v in seen.deployments if v not in live_versions]
     ready = all_ready and not leftovers
     waiting = [v.version for v in serving.versions if v.ready_replicas < v.replicas]
     if ready:
@@ -76,7 +79,7 @@ def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[Con
         ok = any(v.role == "canary" and v.ready_replicas >= v.replicas for v in serving.versions)
         message = f"canary {live.canary.version} at weight {live.canary.weight}"
         out.append(ConditionUpdate("CanaryReady", ok, "Ready" if ok else "Waiting", message))
-    failing = {v: why for v, why in seen.start_failures.items() if v in dict(live.versions())}
+    failing = {v: why for v, why in seen.start_failures.items() if v in live_versions}
     message = "; ".join(f"{v}: {why}" for v, why in sorted(failing.items()))
     out.append(
         ConditionUpdate(

@@ -11,6 +11,7 @@ tier failure is a miss, never an exception that reaches a request.
 
 from kvrank.cache.compose import l1_and_redis
 from kvrank.cache.entry import decode_entry, encode_entry
+from kvrank.cache.host import HostStore
 from kvrank.cache.keys import CacheKey, Head, sequence_chain
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.lock import KeyLock, Lock, LockState
@@ -40,6 +41,7 @@ __all__ = [
     "Created",
     "Creator",
     "Head",
+    "HostStore",
     "KeyLock",
     "L1Store",
     "Lock",

@@ -6,8 +6,9 @@ exceeded, the least recently used probation entry goes first (one-shot users), a
 when probation is empty the least recently used protected entry (repeat users). Protected
 may hold at most ``protected_fraction`` of the budget; overflow demotes its LRU entry back
 to probation. Entries carry an expiry time (the TTL in force when they were written).
-Each user's :class:`Head` lives as long as the entry it points at. Not thread-safe by
-design: the server calls it from one event loop.
+Each user's :class:`Head` lives as long as the entry it points at. An entry evicted for
+room can be handed to a farther tier (``demote``: the host-memory tier) with the TTL it has
+left. Not thread-safe by design: the server calls it from one event loop.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ class _Slot:
     kv: UserKV
     nbytes: int
     expires_at: float
+    events: int
+
+
+Demote = Callable[[CacheKey, UserKV, float, int], None]
+"""Where an entry evicted for room goes instead of away: ``(key, kv, ttl left, events)``
+(the host-memory tier's :meth:`~kvrank.cache.host.HostStore.admit`)."""
 
 
 @dataclass
@@ -47,6 +54,8 @@ class L1Store:
     protected_fraction: float = 0.8
     clock: Callable[[], float] = time.monotonic
     stats: L1Stats = field(default_factory=L1Stats)
+    demote: Demote | None = None
+    """Entries evicted for room (not expired ones) are handed here instead of dropped."""
 
     def __post_init__(self) -> None:
         if self.budget_bytes < 0:
@@ -68,11 +77,16 @@ class L1Store:
 
     async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
         """Insert or replace; ``False`` when one entry alone exceeds the budget."""
+        return self.insert(key, value, ttl_s, events)
+
+    def insert(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
+        """:meth:`put`, synchronously (what a nearer tier's eviction calls)."""
         text = key.to_string()
         self._delete(text)
         if value.nbytes > self.budget_bytes or ttl_s <= 0:
             return False
-        self._insert(text, _Slot(value, value.nbytes, self.clock() + ttl_s), "probation")
+        slot = _Slot(value, value.nbytes, self.clock() + ttl_s, events)
+        self._insert(text, slot, "probation")
         self._heads[key.head_key()] = Head(events, key.seq_hash)
         self._evict_to_budget()
         return True
@@ -164,6 +178,9 @@ class L1Store:
     def _evict_to_budget(self) -> None:
         while self.nbytes > self.budget_bytes:
             segment = "probation" if self._probation else "protected"
-            key = next(iter(self._segment(segment)))
+            key, slot = next(iter(self._segment(segment).items()))
             self._drop(key, segment)
             self.stats.evictions += 1
+            ttl_left = slot.expires_at - self.clock()
+            if self.demote is not None and ttl_left > 0:
+                self.demote(CacheKey.from_string(key), slot.kv, ttl_left, slot.events)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvrank.cache.host import HostStore
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.redis_store import RedisStore
 from kvrank.cache.tiered import TieredCache
@@ -23,10 +24,17 @@ pod's Kubernetes namespace), which would push this one aside to ``exported_names
 
 class CacheCollector(Collector):
     """The cache's lookups, single-flight and TTL, and the state of the tiers the server
-    built it from (their own counters: L1's bytes and evictions, Redis's errors)."""
+    built it from (their own counters: L1's and the host tier's bytes and evictions, Redis's
+    errors and bytes read)."""
 
-    def __init__(self, cache: TieredCache, l1: L1Store, l2: RedisStore | None) -> None:
-        self.cache, self.l1, self.l2 = cache, l1, l2
+    def __init__(
+        self,
+        cache: TieredCache,
+        l1: L1Store,
+        l2: RedisStore | None,
+        host: HostStore | None = None,
+    ) -> None:
+        self.cache, self.l1, self.l2, self.host = cache, l1, l2, host
         self.values = [cache.settings.model_version, cache.settings.namespace]
 
     def collect(self) -> Iterator[Metric]:
@@ -88,12 +96,21 @@ class CacheCollector(Collector):
         yield self._gauge("kvrank_l1_bytes", "Bytes held by L1", l1.nbytes)
         yield self._gauge("kvrank_l1_entries", "Entries held by L1", len(l1))
         yield self._counter("kvrank_l1_evictions", "L1 evictions", l1.stats.evictions)
+        host = self.host
+        if host is not None:  # the host-memory tier: L1's evictions, while they have TTL left
+            yield self._gauge("kvrank_host_bytes", "Bytes held by the host tier", host.nbytes)
+            yield self._gauge("kvrank_host_entries", "Entries held by the host tier", len(host))
+            yield self._counter(
+                "kvrank_host_evictions", "Host tier evictions (gone for good)", host.stats.evictions
+            )
 
     def _l2(self) -> Iterator[Metric]:
         l2 = self.l2
         errors = l2.stats.errors if l2 is not None else 0
         is_open = l2 is not None and l2.breaker.state == "open"
         yield self._counter("kvrank_redis_errors", "Redis errors and timeouts", errors)
+        read = l2.stats.bytes_read if l2 is not None else 0
+        yield self._counter("kvrank_redis_read_bytes", "Entry bytes read from Redis", read)
         yield self._gauge(
             "kvrank_redis_circuit_open", "1 while the L2 breaker is open", float(is_open)
         )

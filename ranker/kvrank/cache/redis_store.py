@@ -99,6 +99,8 @@ class L2Stats:
     writes: int = 0
     refused: int = 0
     """Calls not attempted because the breaker was open."""
+    bytes_read: int = 0
+    """Entry bytes read (hits): the egress a pod costs Redis."""
 
 
 def make_client(settings: RedisSettings) -> Any:
@@ -199,6 +201,7 @@ class RedisStore:
             self.stats.misses += 1
             return None
         self.stats.hits += 1
+        self.stats.bytes_read += len(data)
         self._seen(len(data))
         return bytes(data)
 

@@ -12,7 +12,8 @@ come. The winner writes the entry to the shared tiers and frees the lock behind 
 (write-behind), so no request waits for a SET: a production-size entry is ~9 MB, ~10 ms to
 write on loopback. Until it lands, the lock stays held, and a peer pod that misses waits
 for the entry as for any lock holder's. A hit in a farther tier is promoted to the nearer
-local ones. The cache owns its TTL policy and the entry codec (shared tiers hold bytes).
+local ones; a *demoted* tier (host memory) holds what the nearer one evicted for room. The
+cache owns its TTL policy and the entry codec (shared tiers hold bytes).
 Every tier failure and every corrupt entry is a miss; this module never raises for one.
 """
 
@@ -40,6 +41,8 @@ class Outcome(enum.StrEnum):
     """Where a request's user-side K/V came from (the ``cache`` field of a response)."""
 
     L1 = "l1"
+    HOST = "host"
+    """The host-memory tier: an entry L1 evicted for room."""
     L2 = "l2"
     INCREMENTAL = "incremental"
     """A cached prefix extended by the new events."""
@@ -85,6 +88,9 @@ class Tier:
     """Other pods read and write it: it holds encoded entries (bytes), is read once per key
     in this process (singleflight) and written behind the request. A local tier holds
     ``UserKV`` objects in this process and is written inline."""
+    demoted: bool = False
+    """Fed by the nearer tier's evictions (the host-memory tier), never written through:
+    an entry found here moves back to the nearer tiers and out of this one."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,8 @@ class TieredCache:
 
     def __post_init__(self) -> None:
         self._local = [t for t in self.tiers if not t.shared]
+        self._inline = [t for t in self._local if not t.demoted]
+        """The local tiers a new or promoted entry is written to."""
         self._shared = [t for t in self.tiers if t.shared]
         assert list(self.tiers) == [*self._local, *self._shared], "local tiers come first"
         self.flight: SingleFlight[Lookup] = SingleFlight()
@@ -172,7 +180,7 @@ class TieredCache:
             timings[tier.outcome.value] = _ms(started)
             self.stats.count(tier.outcome.value, kv is not None)
             if kv is not None:
-                await self._promote(key, kv, events, self._local[:i])
+                await self._move_up(key, kv, events, i)
                 return Lookup(kv, tier.outcome, timings)
         found = await self.flight.do(
             key.to_string(), lambda: self._shared_or_create(key, events, creator, chain)
@@ -195,7 +203,7 @@ class TieredCache:
         if kv is None:
             kv = await self._shared_entry(prefix)
             if kv is not None:  # promoted: the next extend of this user finds it here
-                await self._promote(prefix, kv, head.length, self._local)
+                await self._promote(prefix, kv, head.length, self._inline)
         return None if kv is None else Prefix(kv, head.length)
 
     async def get(self, key: CacheKey) -> UserKV | None:
@@ -206,7 +214,7 @@ class TieredCache:
     async def put(self, key: CacheKey, kv: UserKV, events: int) -> None:
         """Write through every tier (the shared ones with jitter on the TTL)."""
         ttl = self.ttl.current()
-        await self._promote(key, kv, events, self._local)
+        await self._promote(key, kv, events, self._inline)
         await self._put_shared(key, kv, ttl, events)
 
     async def invalidate_user(self, user_id: str) -> int:
@@ -231,8 +239,23 @@ class TieredCache:
         for tier in self.tiers:
             await tier.store.close()
 
-    async def _promote(self, key: CacheKey, kv: UserKV, events: int, tiers: list[Tier]) -> None:
+    async def _promote(self, key: CacheKey, kv: UserKV, events: int, tiers: list[Tier]) -> bool:
+        """Put ``kv`` in ``tiers`` (but demoted ones); whether every one took it."""
+        taken = True
         for tier in tiers:
+            if not tier.demoted:
+                taken = bool(await tier.store.put(key, kv, self.ttl.current(), events)) and taken
+        return taken
+
+    async def _move_up(self, key: CacheKey, kv: UserKV, events: int, i: int) -> None:
+        """A hit in local tier ``i``: into the nearer ones. Out of a demoted tier first (each
+        entry in one of the two, so both budgets count, and what the nearer one evicts to
+        make room finds its room here), back in if the nearer ones could not take it."""
+        tier = self._local[i]
+        if tier.demoted:
+            await tier.store.delete(key)
+        taken = await self._promote(key, kv, events, self._local[:i])
+        if tier.demoted and not taken:
             await tier.store.put(key, kv, self.ttl.current(), events)
 
     async def _shared_or_create(
@@ -247,7 +270,7 @@ class TieredCache:
                 timings["serde"] = serde_ms
             self.stats.count(tier.outcome.value, kv is not None)
             if kv is not None:
-                await self._promote(key, kv, events, self._local)
+                await self._promote(key, kv, events, self._inline)
                 return Lookup(kv, tier.outcome, timings)
         created = await self._regenerate(key, events, creator, chain)
         if created.stage is not None:
@@ -265,12 +288,12 @@ class TieredCache:
             if lock.state is not LockState.UNAVAILABLE:
                 peer = await self._peer_entry(key, lock)
                 if peer is not None:
-                    await self._promote(key, peer, events, self._local)
+                    await self._promote(key, peer, events, self._inline)
                     return Created(peer, self._shared[0].outcome)
             prefix = await self.find_prefix(key, chain) if chain is not None else None
             created = await creator(prefix)
             ttl = self.ttl.current()
-            for tier in self._local:
+            for tier in self._inline:
                 await tier.store.put(key, created.kv, ttl, events)
             handed_over = self._write_behind(key, created.kv, ttl, events, lock)
             return created

@@ -69,6 +69,16 @@ class LayerKV:
 
         return LayerKV(self.k.to(device), self.v.to(device), move(self.k_scale), move(self.v_scale))
 
+    def pinned(self) -> LayerKV:
+        """In page-locked host memory (a copy to a CUDA device is then one DMA)."""
+
+        def pin(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.pin_memory()
+
+        return LayerKV(
+            self.k.pin_memory(), self.v.pin_memory(), pin(self.k_scale), pin(self.v_scale)
+        )
+
     def dequantize(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """K and V in the compute dtype."""
         if self.k_scale is None or self.v_scale is None:
@@ -147,6 +157,15 @@ class UserKV:
             self,
             layers={i: lk.to(device) for i, lk in self.layers.items()},
             extras={name: t.to(device) for name, t in self.extras.items()},
+        )
+
+    def pinned(self) -> UserKV:
+        """On the host, in page-locked memory (needs CUDA)."""
+        host = self.to("cpu")
+        return replace(
+            host,
+            layers={i: lk.pinned() for i, lk in host.layers.items()},
+            extras={name: t.pin_memory() for name, t in host.extras.items()},
         )
 
     def to_bytes(self) -> bytes:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from kvrank.admission import watch_loop_lag
 from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
 from kvrank.server import errors, routes
@@ -24,7 +25,7 @@ from kvrank.server.config import ServerConfig
 from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
 from kvrank.server.reload import remember_mtime, watch_config
-from kvrank.server.schemas import request_model
+from kvrank.server.schemas import prefetch_model, request_model
 from kvrank.server.shadow import ShadowMirror
 from kvrank.server.state import AppState
 from kvrank.server.wiring import build_service
@@ -69,6 +70,7 @@ async def _running(state: AppState) -> AsyncIterator[None]:
     service = state.service
     remember_mtime(state)
     state.request_model = request_model(service.features)
+    state.prefetch_model = prefetch_model(service.features)
     await service.warm_up()
     state.shadow_config = state.cfg.shadow
     state.shadow = ShadowMirror(
@@ -80,10 +82,13 @@ async def _running(state: AppState) -> AsyncIterator[None]:
     state.shadow.start()
     state.ready = True
     watcher = asyncio.create_task(watch_config(state))
+    lag = asyncio.create_task(watch_loop_lag(service.admission))
     try:
         yield
     finally:
         state.ready = False
         watcher.cancel()
+        lag.cancel()
+        await state.prefetches.stop()
         await state.shadow.stop()
         await service.close()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kvrank.admission import AdmissionSettings
 from kvrank.cache import LOCK_WAIT_S, TTLSettings
 from kvrank.model.config import KVDType
 from kvrank.model.ranker import DEFAULT_REFRESH_EVERY
@@ -29,6 +30,8 @@ from kvrank.server.logs import LogConfig
 from kvrank.server.shadow import ShadowConfig
 
 ENV_PREFIX = "KVRANK_"
+ROUTING_HEADER = "X-KVRank-User"
+"""Where callers put the user id for a proxy to hash (``routing_header``'s default)."""
 L1_BYTES_DEFAULT = 512 * 2**20
 """Half a GiB of device memory: room for ~58 bf16 entries of the production-size model (9.2 MB)."""
 
@@ -94,6 +97,12 @@ class ServerConfig(BaseSettings):
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None
     l1_bytes: int = Field(L1_BYTES_DEFAULT, ge=0)
+    host_bytes: int = Field(
+        0,
+        ge=0,
+        description="Host-memory tier between L1 and Redis (pinned on CUDA): what L1 evicts"
+        " for room is kept here while its TTL lasts; 0: off.",
+    )
     redis: RedisConfig = Field(default_factory=RedisConfig)
     ttl: TTLSettings = Field(default_factory=TTLSettings)
     cache_mode: Literal["kv", "full"] = Field(
@@ -103,6 +112,7 @@ class ServerConfig(BaseSettings):
     )
     lock_wait_ms: float = Field(LOCK_WAIT_S * 1e3, ge=0, le=1000)
     microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
+    microbatch_max: int = Field(32, ge=1, le=1024, description="Requests in one micro-batch.")
     incremental: Literal["exact", "approximate", "off"] = Field(
         "exact",
         description="exact: extend a cached user only when it equals a full encode, else"
@@ -111,6 +121,21 @@ class ServerConfig(BaseSettings):
     )
     refresh_every: int = Field(
         DEFAULT_REFRESH_EVERY, ge=1, description="approximate: full encode after N extends."
+    )
+    routing_header: str = Field(
+        ROUTING_HEADER,
+        pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="The header a proxy hashes to send a user to one pod (it never reads the"
+        " body); when a request carries it, it must equal the body's user_id (else 400).",
+    )
+    admission: AdmissionSettings = Field(
+        default_factory=AdmissionSettings,
+        description="What one pod takes on under a spike: requests it cannot serve before"
+        " their deadline are refused at once (503, Retry-After), work nobody waits for is"
+        " dropped.",
+    )
+    prefetch_max_inflight: int = Field(
+        64, ge=0, le=4096, description="Prefetches being made at once; more are dropped (202)."
     )
     max_body_bytes: int = Field(4 * 2**20, ge=1024)
     drain_delay_s: float = Field(

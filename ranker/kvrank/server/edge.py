@@ -1,10 +1,11 @@
 """What every HTTP request passes through before and after its route: an ASGI middleware.
 
 It gives the request an id (the caller's ``x-request-id`` if it is a sane one, else a new
-one) and returns it as a header, keeps admin routes off the scoring port, refuses bodies
-over ``max_body_bytes`` (declared or streamed) with 413, turns anything a route raised into
-a 500 that names only the request id, counts the response per route template and writes
-the access line.
+one) and returns it as a header with the answering pod's name (``x-kvrank-pod``: its host
+name; what shows a user's requests sticking to one pod behind a router), keeps admin
+routes off the scoring port, refuses bodies over ``max_body_bytes`` (declared or streamed)
+with 413, turns anything a route raised into a 500 that names only the request id, counts
+the response per route template and writes the access line.
 
 A plain ASGI class rather than Starlette's ``BaseHTTPMiddleware``: that one runs each
 request's route in a task group of its own and streams the answer back through a memory
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +32,8 @@ from kvrank.server import logs
 
 log = logging.getLogger("kvrank.server")
 MAX_REQUEST_ID = 128
+POD_HEADER = (b"x-kvrank-pod", socket.gethostname().encode("latin-1", "replace"))
+"""Which pod answered: its host name (in Kubernetes, the pod's name)."""
 
 
 @dataclass
@@ -104,13 +108,13 @@ class Edge:
         state["request_id"] = request_id
         status = 500
         answered = False
-        id_header = (b"x-request-id", request_id.encode("latin-1"))
+        ours = ((b"x-request-id", request_id.encode("latin-1")), POD_HEADER)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, answered
             if message["type"] == "http.response.start":
                 status, answered = message["status"], True
-                message = {**message, "headers": [*message.get("headers", ()), id_header]}
+                message = {**message, "headers": [*message.get("headers", ()), *ours]}
             await send(message)
 
         async def answer(code: int, message: str, field: str | None = None) -> None:

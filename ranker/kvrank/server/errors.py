@@ -1,7 +1,13 @@
 """Domain errors to HTTP answers, at the boundary only.
 
 - ``InputError`` and a body that fails the model's schema → 422 naming the field;
+- ``HeaderError`` (a header out of its limits; the routing header naming another user than
+  the body) → 400 naming the header;
 - ``IncompatibleKVError`` → 409;
+- ``Overloaded`` (shed by admission control, before any model work) → 503 with
+  ``Retry-After`` and ``x-kvrank-shed``;
+- ``Abandoned`` (dropped uncomputed) → 504 when the deadline passed; 499 when the caller
+  left (nobody reads it: it is there for the access line);
 - a streamed body over ``max_body_bytes`` → 413 naming ``body`` (a declared one is refused
   by :mod:`kvrank.server.edge` before the app runs);
 - anything else → 500 with the request id and no stack trace (the edge).
@@ -19,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvrank.errors import IncompatibleKVError, InputError
+from kvrank.errors import Abandoned, HeaderError, IncompatibleKVError, InputError, Overloaded
 from kvrank.server.edge import BodyTooLarge, error_body
 
 
@@ -27,7 +33,10 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(InputError, _bad_input)  # type: ignore[arg-type]
+    app.add_exception_handler(HeaderError, _bad_header)  # type: ignore[arg-type]
     app.add_exception_handler(IncompatibleKVError, _incompatible)  # type: ignore[arg-type]
+    app.add_exception_handler(Overloaded, _overloaded)  # type: ignore[arg-type]
+    app.add_exception_handler(Abandoned, _abandoned)  # type: ignore[arg-type]
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -44,6 +53,26 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 async def _bad_input(request: Request, exc: InputError) -> JSONResponse:
     return _error(422, exc.field, exc.problem, request)
+
+
+async def _bad_header(request: Request, exc: HeaderError) -> JSONResponse:
+    return _error(400, exc.field, exc.problem, request)
+
+
+SHED_HEADER = "x-kvrank-shed"
+"""On a shed answer (its reason): what a router retries on another pod, and only that — a
+503 for any other cause is not retried."""
+
+
+async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    answer = _error(503, None, str(exc), request)
+    answer.headers["Retry-After"] = str(exc.retry_after_s)
+    answer.headers[SHED_HEADER] = exc.reason
+    return answer
+
+
+async def _abandoned(request: Request, exc: Abandoned) -> JSONResponse:
+    return _error(499 if exc.reason == "disconnected" else 504, None, str(exc), request)
 
 
 async def _incompatible(request: Request, exc: IncompatibleKVError) -> JSONResponse:

@@ -1,4 +1,5 @@
-"""The OpenAPI document, with ``/v1/score``'s body the loaded model's request schema.
+"""The OpenAPI document, with the bodies of ``/v1/score`` and ``/v1/prefetch`` the loaded
+model's request schemas.
 
 Each model brings its own features, so the body is known only once the model is; until
 then the route is listed without it (and the document is not cached).
@@ -12,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from kvrank.metrics import SCORE_ROUTE
+from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.server.state import AppState
 
 
@@ -22,13 +23,17 @@ def openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     if state.service is None or state.request_model is BaseModel:
         return doc
-    body = state.request_model.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    schemas |= body.pop("$defs", {})
-    schemas["ScoreRequest"] = body
-    doc["paths"][SCORE_ROUTE]["post"]["requestBody"] = {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}},
-    }
+    for route, name, model in (
+        (SCORE_ROUTE, "ScoreRequest", state.request_model),
+        (PREFETCH_ROUTE, "PrefetchRequest", state.prefetch_model),
+    ):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas |= body.pop("$defs", {})
+        schemas[name] = body
+        doc["paths"][route]["post"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
     app.openapi_schema = doc
     return doc

@@ -1,4 +1,4 @@
-"""The HTTP routes: ``/v1/score``, health, readiness, metrics and the admin endpoints.
+"""The HTTP routes: ``/v1/score``, ``/v1/prefetch``, health, readiness, metrics and admin.
 
 Thin: parse the body with the loaded model's schema, call the service, answer. What the
 access line records of a scoring request goes into one typed
@@ -8,17 +8,29 @@ access line records of a scoring request goes into one typed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from kvrank.metrics import SCORE_ROUTE
+from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
+from kvrank.errors import HeaderError, RoutingKeyError
+from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
+from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord
-from kvrank.server.schemas import InvalidateResponse, ScoreResponse, to_inputs
+from kvrank.server.schemas import (
+    InvalidateResponse,
+    PrefetchResponse,
+    ScoreResponse,
+    to_inputs,
+    to_user,
+)
 from kvrank.server.shadow import SHADOW_HEADER
 from kvrank.server.state import AppState, app_state
 
@@ -26,20 +38,69 @@ router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
 
 
-@router.post(SCORE_ROUTE, response_model=ScoreResponse)
-async def score(request: Request, state: State) -> Response:
+def _parse(model: type[BaseModel], raw: bytes) -> BaseModel:
     # the body's schema is the loaded model's (see kvrank.server.openapi): parsed here, once
-    svc = state.started
-    raw = await request.body()
     try:
-        body = state.request_model.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
+
+
+def _user_of(request: Request, state: State, body: BaseModel) -> tuple[str, AccessRecord]:
+    """The body's user id, which the routing header (when sent) must name too, and the
+    request's access record."""
     user_id: str = body.user_id  # type: ignore[attr-defined]
-    access = AccessRecord(user=state.user_hash(user_id), model_version=svc.model.version)
+    header = state.cfg.routing_header
+    routed = request.headers.get(header)
+    if routed is not None and routed != user_id:
+        raise RoutingKeyError(header, "must equal the body's user_id (the key a proxy routes by)")
+    access = AccessRecord(user=state.user_hash(user_id), model_version=state.started.model.version)
     request.state.access = access
+    return user_id, access
+
+
+def _timeout_ms(request: Request) -> int | None:
+    """The caller's deadline (``x-kvrank-timeout-ms``), 1 to 60,000 ms. Envoy's
+    ``x-envoy-expected-rq-timeout-ms`` is not one: it is the router's own route timeout,
+    set on every request it forwards."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_TIMEOUT_MS:
+        raise HeaderError(
+            TIMEOUT_HEADER, f"must be a whole number of ms from 1 to {MAX_TIMEOUT_MS}"
+        )
+    return int(raw)
+
+
+@contextlib.asynccontextmanager
+async def _caller_watched(request: Request, deadline: Deadline) -> AsyncIterator[None]:
+    """While the block runs, a caller that disconnects marks the deadline: its work still
+    queued is dropped, never computed (the ASGI server says so on ``receive``)."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        deadline.caller_left = True
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+@router.post(SCORE_ROUTE, response_model=ScoreResponse)
+async def score(request: Request, state: State) -> Response:
+    svc = state.started
+    deadline = svc.deadline(_timeout_ms(request))  # from now: the body is part of the wait
+    svc.admission.screen(deadline)
+    raw = await request.body()
+    body = _parse(state.request_model, raw)
+    user_id, access = _user_of(request, state, body)
     user, cands = to_inputs(body, svc.features)
-    result = await svc.score(user_id, user, cands)
+    async with _caller_watched(request, deadline):
+        result = await svc.score(user_id, user, cands, deadline)
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()
     if state.shadow is not None and SHADOW_HEADER not in request.headers:
@@ -54,6 +115,22 @@ async def score(request: Request, state: State) -> Response:
     )
     # serialized here, in pydantic's core: FastAPI would validate the model again
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+@router.post(PREFETCH_ROUTE, status_code=202, response_model=PrefetchResponse)
+async def prefetch(request: Request, state: State) -> Response:
+    """The user side only: its entry is made behind the 202 (see kvrank.server.prefetch)."""
+    svc = state.started
+    body = _parse(state.prefetch_model, await request.body())
+    user_id, access = _user_of(request, state, body)
+    user = to_user(body, svc.features)
+    check_user(svc.features, user)  # bad input is the caller's to hear: 422 before the 202
+    accepted = state.prefetches.offer(svc, user_id, user)
+    access.cache = "prefetch" if accepted else "prefetch-dropped"
+    answer = PrefetchResponse(
+        request_id=request.state.request_id, status="accepted" if accepted else "dropped"
+    )
+    return Response(answer.model_dump_json(), status_code=202, media_type="application/json")
 
 
 @router.get("/healthz")

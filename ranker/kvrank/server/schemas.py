@@ -1,4 +1,5 @@
-"""Request and response bodies of ``POST /v1/score``, with the limits that protect the server.
+"""Request and response bodies of ``POST /v1/score`` and ``/v1/prefetch``, with the limits
+that protect the server (a prefetch body is a scoring body without ``candidates``).
 
 The request body is derived from the model's :class:`FeatureSpec` (:func:`request_model`):
 ``user_id``, ``events`` (one list per sequence column), one field per user column and
@@ -27,14 +28,6 @@ _STRICT = ConfigDict(extra="forbid")
 
 def request_model(spec: FeatureSpec) -> type[BaseModel]:
     """The ``ScoreRequest`` body of a model with ``spec`` (its OpenAPI schema too)."""
-    events = create_model(  # type: ignore[call-overload]
-        "EventsIn",
-        __config__=_STRICT,
-        **{
-            c.name: _rows(c, spec.max_request_events, first=i == 0)
-            for i, c in enumerate(spec.sequence)
-        },
-    )
     candidates = create_model(  # type: ignore[call-overload]
         "CandidatesIn",
         __config__=_STRICT,
@@ -43,14 +36,33 @@ def request_model(spec: FeatureSpec) -> type[BaseModel]:
             for i, c in enumerate(spec.candidate)
         },
     )
+    fields = _user_side(spec) | {"candidates": (candidates, ...)}
+    model: type[BaseModel] = create_model("ScoreRequest", __config__=_STRICT, **fields)  # type: ignore[call-overload]
+    return model
+
+
+def prefetch_model(spec: FeatureSpec) -> type[BaseModel]:
+    """The ``PrefetchRequest`` body: a ``ScoreRequest`` without ``candidates``."""
+    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        "PrefetchRequest", __config__=_STRICT, **_user_side(spec)
+    )
+    return model
+
+
+def _user_side(spec: FeatureSpec) -> dict[str, Any]:
+    events = create_model(  # type: ignore[call-overload]
+        "EventsIn",
+        __config__=_STRICT,
+        **{
+            c.name: _rows(c, spec.max_request_events, first=i == 0)
+            for i, c in enumerate(spec.sequence)
+        },
+    )
     fields: dict[str, Any] = {
         "user_id": (str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")),
         "events": (events, ...),
     }
-    fields |= {c.name: _user_field(c) for c in spec.user}
-    fields["candidates"] = (candidates, ...)
-    model: type[BaseModel] = create_model("ScoreRequest", __config__=_STRICT, **fields)  # type: ignore[call-overload]
-    return model
+    return fields | {c.name: _user_field(c) for c in spec.user}
 
 
 def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
@@ -77,18 +89,31 @@ def _user_field(col: Column) -> tuple[Any, Any]:
 def to_inputs(body: BaseModel, spec: FeatureSpec) -> tuple[UserInput, CandidateInput]:
     """The request's user side and candidates as tensors (``InputError`` naming the field
     when lengths disagree)."""
+    cands = {c.name: getattr(body.candidates, c.name) for c in spec.candidate}  # type: ignore[attr-defined]
+    return to_user(body, spec), candidates_from_lists(spec, cands)
+
+
+def to_user(body: BaseModel, spec: FeatureSpec) -> UserInput:
+    """The user side of a scoring or prefetch request as tensors."""
     events = {c.name: getattr(body.events, c.name) for c in spec.sequence}  # type: ignore[attr-defined]
     user = {c.name: getattr(body, c.name) for c in spec.user}
-    cands = {c.name: getattr(body.candidates, c.name) for c in spec.candidate}  # type: ignore[attr-defined]
-    return user_from_lists(spec, events, user), candidates_from_lists(spec, cands)
+    return user_from_lists(spec, events, user)
 
 
 class ScoreResponse(BaseModel):
     request_id: str
     model_version: str
     scores: list[float]
-    cache: str = Field(description="l1 | l2 | incremental | miss (none: cache disabled)")
+    cache: str = Field(description="l1 | host | l2 | incremental | miss (none: cache disabled)")
     timings_ms: dict[str, float]
+
+
+class PrefetchResponse(BaseModel):
+    request_id: str
+    status: str = Field(
+        description="accepted: the user's entry is being made (or is already cached);"
+        " dropped: too many prefetches in flight, the ranking request will make it"
+    )
 
 
 class InvalidateResponse(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig
+from kvrank.server.prefetch import Prefetches
 from kvrank.server.shadow import ShadowConfig, ShadowMirror
 from kvrank.service import RankingService
 
@@ -31,11 +32,15 @@ class AppState:
     """Why the model was refused at start (artifact, device or a failed check)."""
     request_model: type[BaseModel] = BaseModel
     """The ``/v1/score`` body of the loaded model (set before ready)."""
+    prefetch_model: type[BaseModel] = BaseModel
+    """The ``/v1/prefetch`` body of the loaded model (set before ready)."""
+    prefetches: Prefetches = field(init=False)
     user_hash: logs.UserHasher = field(init=False)
     """Turns a user id into what the access line may show."""
 
     def __post_init__(self) -> None:
         self.user_hash = logs.UserHasher(self.cfg.log.user_key)
+        self.prefetches = Prefetches(self.cfg.prefetch_max_inflight)
 
     @property
     def started(self) -> RankingService:

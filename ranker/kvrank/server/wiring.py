@@ -17,6 +17,7 @@ from kvrank.cache import (
     AdaptiveTTL,
     CacheCollector,
     CacheSettings,
+    HostStore,
     L1Store,
     RedisSettings,
     RedisStore,
@@ -30,7 +31,7 @@ from kvrank.model.contract import CacheableRanker
 from kvrank.model.device import resolve_device
 from kvrank.model.golden import load_golden
 from kvrank.server.config import ServerConfig, redis_password
-from kvrank.service import RankingService, ServiceSettings
+from kvrank.service import RankingService
 
 log = logging.getLogger("kvrank.server")
 
@@ -54,10 +55,11 @@ def build_service(cfg: ServerConfig) -> RankingService:
         lock_wait_s=cfg.lock_wait_ms / 1e3,
     )
     l1, l2 = L1Store(cfg.l1_bytes), _l2(cfg)
-    cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl))
+    host = HostStore(cfg.host_bytes, str(device)) if cfg.host_bytes else None
+    cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl), host)
     metrics = Metrics(model.version, cfg.namespace, device=str(device))
-    metrics.registry.register(CacheCollector(cache, l1, l2))
-    return RankingService(model, cache, _service_settings(cfg), metrics)
+    metrics.registry.register(CacheCollector(cache, l1, l2, host))
+    return RankingService(model, cache, cfg, metrics)  # the config is the service's settings
 
 
 def _check_identity(cfg: ServerConfig, model: CacheableRanker) -> None:
@@ -100,14 +102,4 @@ def _l2(cfg: ServerConfig) -> RedisStore | None:
             tls_check_hostname=cfg.redis.tls_check_hostname,
             op_timeout_s=cfg.redis.op_timeout_ms / 1e3,
         )
-    )
-
-
-def _service_settings(cfg: ServerConfig) -> ServiceSettings:
-    return ServiceSettings(
-        kv_dtype=cfg.kv_dtype,
-        incremental=cfg.incremental,
-        refresh_every=cfg.refresh_every,
-        cache_mode=cfg.cache_mode,
-        microbatch_ms=cfg.microbatch_ms,
     )

@@ -143,6 +143,82 @@ def run_loadtest(
     return run.summary
 
 
+OVERLOAD_ROWS = (
+    ("offered", "offered"),
+    ("answered in time (× capacity)", "in_time"),
+    ("shed 503 (p50 / p99 ms)", "shed"),
+    ("callers that gave up", "gave_up"),
+    ("admitted p50 / p99 ms", "admitted"),
+    ("scored for nobody", "scored_but_not_received"),
+    ("dropped uncomputed", "dropped"),
+    ("healthz max ms (failed)", "healthz"),
+    ("RSS MB start → max", "rss"),
+    ("recovered after s", "recovery_s"),
+)
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
+def _overload_cell(key: str, m: dict[str, Any]) -> str:
+    cells = {
+        "in_time": f"{m['answered_in_time']} ({m['goodput_vs_capacity']:.2f}×)",
+        "shed": f"{m['shed']} ({_ms(m['shed_p50_ms'])} / {_ms(m['shed_p99_ms'])})",
+        "admitted": f"{_ms(m['admitted_p50_ms'])} / {_ms(m['admitted_p99_ms'])}",
+        "dropped": f"{m['server']['dropped']:.0f}",
+        "healthz": f"{_ms(m['healthz_max_ms'])} ({m['healthz_failures']})",
+        "rss": f"{_ms(m['rss_mb_start'])} → {_ms(m['rss_mb_max'])}",
+        "recovery_s": _ms(m["recovery_s"]),
+    }
+    return cells.get(key) or f"{m[key]:.0f}"
+
+
+def run_overload_test(
+    model: Path | None,
+    json_out: Path | None,
+    factor: float,
+    duration_s: float,
+    deadline_ms: int,
+    candidates: int,
+) -> dict[str, Any]:
+    import tempfile
+
+    from kvrank.tools.loadtest import model_dir_for
+    from kvrank.tools.overload import OverloadSettings, run_overload
+
+    settings = OverloadSettings(
+        factor, duration_s, deadline_ms, candidates, capacity_s=min(5.0, duration_s)
+    )
+    with tempfile.TemporaryDirectory(prefix="kvrank-overload-") as tmp:
+        model_dir, source = model_dir_for(model, Path(tmp))
+        console.print(f"model: {source}; measuring capacity, then {len(settings.modes)} spikes")
+        summary = run_overload(model_dir, settings, Path(tmp))
+    summary["model"] = source
+    _print_overload(summary)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _print_overload(summary: dict[str, Any]) -> None:
+    s = summary["settings"]
+    table = Table(
+        title=f"kvrank loadtest — overload: {s['factor']:g}× the miss capacity"
+        f" ({summary['capacity_qps']:.1f}/s, idle {summary['idle_ms']:.1f} ms) for"
+        f" {s['duration_s']:g} s, {s['deadline_ms']} ms deadlines"
+    )
+    modes = summary["modes"]
+    table.add_column("")
+    for mode in modes:
+        table.add_column(f"admission {mode}", justify="right")
+
+    for label, key in OVERLOAD_ROWS:
+        table.add_row(label, *(_overload_cell(key, m) for m in modes.values()))
+    console.print(table)
+
+
 def run_shadowtest(
     profile: str, sample: float, model: Path | None, json_out: Path | None
 ) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""One conformance suite for every cache tier: L1, Redis and Redis Cluster implement the
-same ``Store`` interface and all store, return, replace, delete and expire entries, and keep
-a user's head, the same way. L1 holds ``UserKV`` objects, Redis the encoded entry bytes; the
-suite checks both by scoring what comes back."""
+"""One conformance suite for every cache tier: L1, the host tier, Redis and Redis Cluster
+implement the same ``Store`` interface and all store, return, replace, delete and expire
+entries, and keep a user's head, the same way. L1 and the host tier hold ``UserKV`` objects,
+Redis the encoded entry bytes; the suite checks both by scoring what comes back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 import torch
 
-from kvrank.cache import CacheKey, Head, L1Store, RedisSettings, RedisStore, Store, encode_entry
+from kvrank.cache import (
+    CacheKey,
+    Head,
+    HostStore,
+    L1Store,
+    RedisSettings,
+    RedisStore,
+    Store,
+    encode_entry,
+)
 from kvrank.cache.entry import decode_entry
 from kvrank.model.kv import UserKV
 
@@ -38,12 +47,22 @@ THREADED = {"threaded_read_bytes": 0}
 
 
 @pytest.fixture(
-    params=["l1", "redis", "redis-threaded-reads", "redis-cluster", "redis-cluster-threaded-reads"]
+    params=[
+        "l1",
+        "host",
+        "redis",
+        "redis-threaded-reads",
+        "redis-cluster",
+        "redis-cluster-threaded-reads",
+    ]
 )
 async def tier(request, model, redis_server, redis_cluster) -> AsyncIterator[Tier]:
     fp = model.cfg.fingerprint()
     if request.param == "l1":
         yield Tier("l1", L1Store(budget_bytes=10_000_000), lambda kv: kv, lambda kv: kv)
+        return
+    if request.param == "host":
+        yield Tier("host", HostStore(budget_bytes=10_000_000), lambda kv: kv, lambda kv: kv)
         return
     reads = THREADED if request.param.endswith("threaded-reads") else {}
     if request.param.startswith("redis-cluster"):

@@ -4,6 +4,7 @@ precise validation errors, admin endpoints and metrics."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -152,6 +153,16 @@ def test_a_callers_request_id_is_kept_when_it_is_a_sane_one(
     assert (resp.json()["request_id"] == sent) is kept
 
 
+def test_every_answer_names_the_pod_that_gave_it(make_client, request_for) -> None:
+    """Behind a router, which pod answered shows whether a user sticks to one."""
+    client = make_client()
+    _, _, req = request_for()
+    ok = client.post("/v1/score", json=req)
+    refused = client.post("/v1/score", json={**req, "candidates": None})
+    assert ok.status_code == 200 and refused.status_code == 422
+    assert ok.headers["x-kvrank-pod"] == refused.headers["x-kvrank-pod"] == socket.gethostname()
+
+
 def test_internal_error_is_500_without_a_stack_trace(make_client, request_for) -> None:
     client = make_client()
     svc = client.app.state.kvrank.service
@@ -279,6 +290,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_LOG_FORMAT": "text",
         "KVRANK_CHECK_MODEL": "false",
         "KVRANK_DEVICE": "cpu",
+        "KVRANK_ADMISSION_MODE": "drop",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(
@@ -432,17 +444,38 @@ def test_a_served_score_takes_no_page_faults_once_freed_memory_is_kept() -> None
 
 def test_keep_alive_requests_are_not_held_for_delayed_acks(spawn_server, request_for) -> None:
     # with Nagle on, each answer's body waited for the client's delayed ACK of its headers:
-    # every request after the first on a connection took >= 40 ms; this model scores in ~1 ms
-    import statistics
-
+    # every request after the first on a connection took >= 40 ms; this model scores in ~1 ms.
+    # The fastest of them, not their median: a busy machine slows some, never all, while the
+    # stall holds every one of them
     import httpx
 
     pod = spawn_server()
     _, _, req = request_for(user_id="keepalive")
     with httpx.Client(timeout=10) as client:
         took = []
-        for _ in range(9):
+        for _ in range(21):
             t0 = time.perf_counter()
             assert client.post(f"{pod.url}/v1/score", json=req).status_code == 200
             took.append(time.perf_counter() - t0)
-    assert statistics.median(took[1:]) < 0.030, took
+    assert min(took[1:]) < 0.030, took
+
+
+def test_a_user_evicted_from_l1_is_served_from_the_host_tier(
+    make_client, model, request_for
+) -> None:
+    user, _, req = request_for("first")
+    size = model.encode_user(user).nbytes
+    client = make_client(l1_bytes=int(size * 1.5), host_bytes=4 * size)
+    first = client.post("/v1/score", json=req).json()
+    assert first["cache"] == "miss"
+    _, _, other = request_for("second", seed=2)
+    assert client.post("/v1/score", json=other).json()["cache"] == "miss"  # "first" demoted
+    again = client.post("/v1/score", json=req).json()
+    assert again["cache"] == "host" and again["scores"] == first["scores"], again
+    assert "host" in again["timings_ms"]
+    text = client.get("/metrics").text
+    assert (
+        'kvrank_requests_total{cache_namespace="default",model_version="v1",outcome="host"} 1.0'
+        in text
+    )
+    assert "kvrank_host_entries" in text

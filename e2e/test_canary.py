@@ -1,0 +1,105 @@
+"""A canary by weight: its share of the replicas and a cache namespace of its own;
+promoting it retires and purges the old namespace with no window in which nothing answers;
+aborting it purges its namespace only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from rankers import Ranker, Rankers, body
+from stack import Stack
+
+from kvrank_operator.spec import namespace_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+
+
+def canary_spec(
+    ranker: Ranker, stable: str, canary: str | None, weight: int = 20, replicas: int = 2
+) -> dict[str, Any]:
+    doc = ranker.serving(ranker.spec(replicas=replicas), stable)
+    doc["spec"]["cache"]["retiredNamespaceGraceSeconds"] = 3
+    # entries outlive the scenario: one that is gone was purged, not expired
+    doc["spec"]["ttl"] = {"mode": "fixed", "fixedSeconds": 300}
+    return ranker.with_canary(doc, canary, weight)
+
+
+def with_canary(rankers: Rankers, prefix: str, stable: str, canary: str) -> Ranker:
+    """A ranker serving ``stable`` with ``canary`` at half the replicas, both namespaces
+    holding entries in Redis."""
+    ranker = rankers.new(prefix)
+    ranker.apply(canary_spec(ranker, stable, canary, weight=50))
+    ranker.wait_ready("with its canary", 300)
+    for version in (stable, canary):
+        ranker.warm(version, prefix)
+    return ranker
+
+
+def test_a_canary_gets_its_share_of_replicas_and_a_cache_namespace_of_its_own(
+    rankers: Rankers,
+) -> None:
+    ranker = rankers.new("canary")
+    ranker.apply(canary_spec(ranker, "v1", "v2", weight=20, replicas=5))
+    ranker.stack.wait_for(
+        lambda: (
+            ranker.namespaces() == {namespace_for("v1"): "active", namespace_for("v2"): "active"}
+        ),
+        "two active cache namespaces",
+    )
+    ranker.wait_ready("with the canary", 300)
+    assert ranker.must_deployment("v1")["spec"]["replicas"] == 4
+    assert ranker.must_deployment("v2")["spec"]["replicas"] == 1
+    canary = ranker.condition("CanaryReady")
+    assert canary is not None and canary["status"] == "True", canary
+    for version in ("v1", "v2"):
+        assert ranker.score(f"canary-user-{version}", version=version)["model_version"] == version
+        ranker.warm(version, "canary")  # each version writes its own namespace
+    # kube-proxy picks at random: 40 requests miss the 1-in-5 canary with p = 0.8^40 ≈ 1e-4
+    versions = {ranker.score(f"mixed-{i}", i)["model_version"] for i in range(40)}
+    assert versions == {"v1", "v2"}, "the shared Service must reach both versions"
+
+
+def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: Rankers) -> None:
+    ranker = with_canary(rankers, "promote", "v1", "v2")
+    ranker.apply(canary_spec(ranker, "v2", None))
+    failures: list[str] = []
+    deadline = time.monotonic() + 180
+    i = 0
+    while time.monotonic() < deadline:  # no window in which no version answers
+        resp = stack.score(ranker.name, body(f"promo-{i % 5}", i))
+        if resp.status_code != 200:
+            failures.append(f"{resp.status_code} {resp.text[:200]}")
+        i += 1
+        if ranker.namespaces().get(namespace_for("v1")) == "purged":
+            break
+    assert ranker.namespaces().get(namespace_for("v1")) == "purged", stack.report()
+    assert not failures, failures[:5]
+    assert ranker.redis_keys(namespace_for("v1")) == 0, "v1's entries must be gone from Redis"
+    selector = (
+        f"kvrank.io/cache-namespace={namespace_for('v1')},app.kubernetes.io/instance={ranker.name}"
+    )
+    (job,) = stack.select("jobs", selector)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["cache", "purge", "--namespace", namespace_for("v1")], args
+    assert ranker.redis_keys(namespace_for("v2")) > 0
+    ranker.wait_gone("v1")
+    stack.wait_for(lambda: ranker.ready_replicas("v2") == 2, "v2 at all replicas", 240)
+    assert ranker.score("after-promote")["model_version"] == "v2"
+
+
+def test_aborting_purges_the_canary_namespace_only(stack: Stack, rankers: Rankers) -> None:
+    ranker = with_canary(rankers, "abort", "v2", "v3")
+    stable = ranker.must_deployment("v2")
+    ranker.apply(canary_spec(ranker, "v2", None))
+    stack.wait_for(lambda: ranker.namespaces().get(namespace_for("v3")) == "purged", "v3 purged")
+    assert ranker.redis_keys(namespace_for("v3")) == 0
+    # the stable namespace is never purged (its entries only expire by their TTL)
+    selector = (
+        f"kvrank.io/cache-namespace={namespace_for('v2')},app.kubernetes.io/instance={ranker.name}"
+    )
+    assert not stack.select("jobs", selector)
+    assert ranker.must_deployment("v2")["metadata"]["uid"] == stable["metadata"]["uid"]
+    assert ranker.namespaces().get(namespace_for("v2")) == "active"
+    ranker.wait_gone("v3")

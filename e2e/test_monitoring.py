@@ -1,0 +1,170 @@
+"""Observability and cost: the chart's dashboard and alerts return data against a
+Prometheus that scrapes the rankers and the operator as kube-prometheus-stack would, and a
+RankerDeployment that does not change costs the API server no writes."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+from chart import alert_rules, dashboard
+from rankers import Ranker, Rankers
+from release import api_writes
+from stack import NS, Stack
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+
+OPERATOR_WRITES = {
+    "rankerdeployments",
+    "deployments",
+    "services",
+    "configmaps",
+    "secrets",
+    "statefulsets",
+    "jobs",
+    "poddisruptionbudgets",
+    "networkpolicies",
+}
+"""What the operator writes (of those, only workload controllers also write, and only their
+``/status``)."""
+
+
+def tuned(stack: Stack, rankers: Rankers, prefix: str) -> Ranker:
+    """A ranker whose TTL the operator tunes from the run's TTL source, after returning and
+    new users until the tuner has measured them (and at least 20 s)."""
+    ranker = rankers.new(prefix)
+    doc = ranker.spec()
+    doc["spec"]["ttl"] = {"mode": "auto", "intervalSeconds": 5, "source": stack.ttl_source()}
+    ranker.apply(doc)
+    ranker.wait_ready(timeout=300)
+    started, i = time.monotonic(), 0
+    while time.monotonic() - started < 20 or not (ranker.status().get("ttl") or {}).get(
+        "meanIntervalSeconds"
+    ):
+        assert time.monotonic() - started < 180, f"no TTL measured\n{stack.report()}"
+        ranker.score(f"dash-{i % 5}" if i % 3 else f"dash-new-{i}", i)
+        i += 1
+        time.sleep(0.1)
+    return ranker
+
+
+def test_an_unchanged_ranker_deployment_costs_no_api_writes(stack: Stack, rankers: Rankers) -> None:
+    """Its managed Redis, its Services and ConfigMap in place, the TTL tuner querying
+    Prometheus every 5 s (and finding no requests): a minute of reconciles and measurements
+    that change nothing writes nothing."""
+    ranker = rankers.new("steady")
+    doc = ranker.spec()
+    doc["spec"]["ttl"] = {"mode": "auto", "intervalSeconds": 5, "source": stack.ttl_source()}
+    ranker.apply(doc)
+    ranker.wait_ready(timeout=300)
+    ranker.wait_condition("CacheReady", timeout=180)
+    settle_s = 20  # four of the tuner's measurements with nothing moving
+    quiet: dict[str, Any] = {"status": None, "since": time.monotonic()}
+
+    def settled() -> bool:
+        now = ranker.status()
+        if now != quiet["status"]:
+            quiet.update(status=now, since=time.monotonic())
+        return time.monotonic() - quiet["since"] >= settle_s
+
+    stack.wait_for(settled, f"the status unchanged for {settle_s} s", 300)
+    before, status_before = api_writes(stack, OPERATOR_WRITES), quiet["status"]
+    time.sleep(60)  # resyncs of the RankerDeployment and twelve of the tuner's measurements
+    after = api_writes(stack, OPERATOR_WRITES)
+    writes = {
+        k: after[k] - before.get(k, 0.0)
+        for k in after
+        if after[k] != before.get(k, 0.0) and not (k.endswith("/status") and "ranker" not in k)
+    }
+    now = ranker.status()
+    changed = {k: v for k, v in now.items() if status_before.get(k) != v}
+    assert writes == {}, f"writes in a minute of steady state: {writes}; status changes {changed}"
+    assert (ranker.condition("TTLSource") or {}).get("reason") == "NoData", ranker.status()
+
+
+def value_side(expr: str) -> str:
+    """An alert's measured value: its expression up to the first comparison outside
+    brackets and quotes (``rate(x[5m]) > 3 * rate(x[1h])`` → ``rate(x[5m])``)."""
+    depth, quote, i = 0, "", 0
+    while i < len(expr):
+        ch, two = expr[i], expr[i : i + 2]
+        if quote:
+            i += 2 if ch == "\\" else 1
+            quote = "" if ch == quote else quote
+            continue
+        if ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (ch in "<>" or two in ("==", "!=")):
+            return expr[:i].strip()
+        i += 1
+    return expr.strip()
+
+
+def promql(stack: Stack, query: str) -> list[dict[str, Any]]:
+    resp = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": query}, timeout=30)
+    body = resp.json()
+    assert body["status"] == "success", f"{query}: {body}"
+    return list(body["data"]["result"])
+
+
+def test_every_dashboard_panel_and_alert_query_returns_data(stack: Stack, rankers: Rankers) -> None:
+    """The chart's dashboard and alerts against the Prometheus that scrapes the ranker pods
+    and the operator as kube-prometheus-stack's monitors would: each template variable
+    offers this RankerDeployment, every panel query returns a number (no panel left empty),
+    every alert's measured value returns data, and every rule evaluates without error."""
+    if stack.backend != "local":
+        pytest.skip("the kind backend runs no Prometheus")
+    ranker = tuned(stack, rankers, "dashboard")  # the operator's series for it too
+    time.sleep(3)  # the last requests scraped
+    variables = {"$namespace": NS, "$instance": ranker.name, "$__rate_interval": "1m"}
+
+    def grafana(text: str) -> str:  # what Grafana sends once the variables are chosen
+        for name in sorted(variables, key=len, reverse=True):
+            text = text.replace(name, variables[name])
+        assert "$" not in text, text
+        return text
+
+    board = dashboard(stack.cluster)
+    for var in board["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        call = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
+        assert call, var["query"]
+        values = httpx.get(
+            f"{stack.prometheus_url}/api/v1/label/{call[2]}/values",
+            params={"match[]": grafana(call[1])},
+            timeout=30,
+        ).json()["data"]
+        wanted = variables[f"${var['name']}"]
+        assert wanted in values, f"variable {var['name']}: {values}"
+
+    empty = []
+    queries = 0
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            queries += 1
+            result = promql(stack, grafana(target["expr"]))
+            numbers = [float(r["value"][1]) for r in result]
+            if not any(math.isfinite(v) for v in numbers):
+                empty.append((panel["title"], target["refId"], target["expr"], result))
+    assert queries >= 15 and empty == [], empty
+
+    rules = alert_rules(stack.cluster)
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 8
+    no_data = [a["alert"] for a in alerts if not promql(stack, value_side(a["expr"]))]
+    assert no_data == [], no_data
+    loaded = httpx.get(f"{stack.prometheus_url}/api/v1/rules", timeout=30).json()["data"]
+    health = {
+        r["name"]: (r["health"], r.get("lastError")) for g in loaded["groups"] for r in g["rules"]
+    }
+    assert set(health) == {a["alert"] for a in alerts}
+    assert {k: v for k, v in health.items() if v[0] != "ok"} == {}

@@ -1,0 +1,232 @@
+"""Cache-affinity routing: with ``routing.mode: bundled`` the shared Service fronts an Envoy
+router the operator deploys, which sends each user (by the routing header) to one ranker
+pod, so its repeat requests are L1 hits where the plain Service spreads them over every pod;
+a prefetch routed by the same key makes the next request a hit; a pod deleted under load
+fails no request and moves only its own users, whose entries come back from Redis; and the
+canary's share is split per user, so raising it moves only the users it adds."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from rankers import BODIES, Ranker, Rankers
+from release import OperatorRelease
+from stack import NS, Stack
+
+from kvrank.model.artifact import load_ranker
+from kvrank.server.schemas import request_model, to_inputs
+from kvrank.tools.processes import samples
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+HEADER = "X-KVRank-User"
+PODS = 4
+USERS = 320
+
+
+def users(n: int, prefix: str = "routed-user") -> list[dict[str, Any]]:
+    """``n`` users, each with one history (the same request each time it comes back)."""
+    return [{**BODIES[i % len(BODIES)], "user_id": f"{prefix}-{i}"} for i in range(n)]
+
+
+def entry_bytes(stack: Stack, bodies: list[dict[str, Any]]) -> list[int]:
+    """What each user's entry takes in L1 (fp32 K/V, as the run serves)."""
+    model = load_ranker(stack.models / "feed-ranker" / "v1")
+    schema = request_model(model.features)
+    sizes = []
+    for body in bodies:
+        user, _ = to_inputs(schema.model_validate(body), model.features)
+        sizes.append(int(model.encode_user(user, "fp32").nbytes))
+    return sizes
+
+
+def routed(ranker: Ranker, **spec: Any) -> dict[str, Any]:
+    doc = ranker.spec(replicas=PODS)
+    doc["spec"]["routing"] = {"mode": "bundled", "image": ranker.stack.images.router}
+    # entries outlive the scenario: a user that moves finds its entry in Redis
+    doc["spec"]["ttl"] = {"mode": "fixed", "fixedSeconds": 300}
+    doc["spec"].update(spec)
+    return doc
+
+
+def post(
+    ranker: Ranker, body: dict[str, Any], service: str | None = None, path: str = "/v1/score"
+) -> httpx.Response:
+    return ranker.stack.score(
+        service or ranker.name, body, headers={HEADER: body["user_id"]}, path=path
+    )
+
+
+def answer(ranker: Ranker, body: dict[str, Any], service: str | None = None) -> tuple[str, str]:
+    """``(cache outcome, the pod that answered)`` of one request, which must succeed."""
+    resp = post(ranker, body, service)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["cache"], resp.headers["x-kvrank-pod"]
+
+
+def one_pass(ranker: Ranker, bodies: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    return {b["user_id"]: answer(ranker, b) for b in bodies}
+
+
+def l1_share(answers: dict[str, tuple[str, str]] | list[tuple[str, str]]) -> float:
+    outcomes = [a[0] for a in (answers.values() if isinstance(answers, dict) else answers)]
+    return outcomes.count("l1") / len(outcomes)
+
+
+@pytest.fixture(scope="module")
+def ranker(stack: Stack, release: OperatorRelease) -> Iterator[Ranker]:
+    """4 routed pods, each L1 holding 1.4× its share of the users (the hash's split of 320
+    users stays inside that), far from all of them."""
+    release.ensure()
+    made = Rankers(stack)
+    try:
+        ranker = made.new("routed")
+        doc = routed(ranker)
+        doc["spec"]["cache"]["l1Bytes"] = int(1.4 * sum(entry_bytes(stack, users(USERS))) / PODS)
+        ranker.apply(doc)
+        ranker.wait_ready(timeout=300)
+        ranker.wait_condition("RouterReady", timeout=180)
+        yield ranker
+    finally:
+        made.delete_all()
+
+
+def test_each_user_reaches_the_pod_holding_its_entry(stack: Stack, ranker: Ranker) -> None:
+    shared = stack.must_get("service", ranker.name)["spec"]["selector"]
+    assert shared["app.kubernetes.io/component"] == "router"
+    bodies = users(USERS)
+    one_pass(ranker, bodies)  # each user's entry made on its pod
+    repeats = [one_pass(ranker, bodies) for _ in range(2)]
+    pods_of = {u: {r[u][1] for r in repeats} for u in repeats[0]}
+    assert all(len(p) == 1 for p in pods_of.values()), "a user reached two pods"
+    per_pod = Counter(p.pop() for p in pods_of.values())
+    # the same pods through the version's plain Service (kube-proxy picks at random)
+    plain = ranker.version_name("v1")
+    for body in bodies:
+        answer(ranker, body, plain)
+    through_service = [answer(ranker, b, plain) for b in bodies]
+    share = sum(l1_share(r) for r in repeats) / len(repeats)
+    print(f"L1 share: router {share:.2f}, plain Service {l1_share(through_service):.2f}")
+    print(f"users per pod: {sorted(per_pod.values())}")
+    assert share >= 0.9, repeats
+    assert len(per_pod) == PODS and max(per_pod.values()) <= 1.4 * USERS / PODS, per_pod
+    assert l1_share(through_service) <= 0.4, through_service
+
+
+def test_a_prefetch_routed_by_the_same_key_makes_the_ranking_request_a_hit(
+    stack: Stack, ranker: Ranker
+) -> None:
+    def prefetched() -> float:
+        return sum(
+            sum(samples(text, "kvrank_prefetches_total", result="miss"))
+            for text in stack.metrics(ranker.version_name("v1"))
+        )
+
+    before = prefetched()
+    for i, body in enumerate(users(5, "prefetched")):
+        ahead = {k: v for k, v in body.items() if k != "candidates"}  # the retrieval stage's
+        resp = post(ranker, ahead, path="/v1/prefetch")
+        assert resp.status_code == 202, resp.text
+        stack.wait_for(lambda n=before + i + 1: prefetched() >= n, f"prefetch {i} made", 30)
+        # the user's first ranking request: its entry was made on the pod it is routed to
+        assert answer(ranker, body)[0] == "l1", body["user_id"]
+
+
+def test_a_pod_deleted_under_load_fails_no_request_and_moves_only_its_users(
+    stack: Stack, ranker: Ranker
+) -> None:
+    # the users the first scenario routed (their entries sit in their pods' protected L1
+    # segment; new users would only pass through the probation segment of a full L1)
+    bodies = users(USERS)
+    one_pass(ranker, bodies)
+    before = one_pass(ranker, bodies)
+    assert l1_share(before) >= 0.9, before
+    victim = Counter(pod for _, pod in before.values()).most_common(1)[0][0]
+    (node,) = stack.kubectl("get", "nodes", "-o", "name").split()
+    # the node cordoned (as a drain does): the replacement pod waits, so what is measured
+    # is the table without the victim; uncordoned, the replacement joins it
+    stack.kubectl("cordon", node)
+    try:
+        stack.kubectl("delete", "pod", "-n", NS, victim, "--wait=false")
+        failures: list[str] = []
+        first_elsewhere: dict[str, str] = {}  # a user's first answer from another pod
+        passes = 0
+        while victim in stack.kubectl("get", "pods", "-n", NS, "-o", "name") or passes < 3:
+            for body in bodies:  # the load: every user, over and over
+                resp = post(ranker, body)
+                if resp.status_code != 200:
+                    failures.append(f"{resp.status_code} {resp.text[:200]}")
+                    continue
+                user, pod = body["user_id"], resp.headers["x-kvrank-pod"]
+                if pod != before[user][1]:
+                    first_elsewhere.setdefault(user, resp.json()["cache"])
+            passes += 1
+        after = one_pass(ranker, bodies)
+    finally:
+        stack.kubectl("uncordon", node)
+    assert not failures, failures[:5]
+    theirs = [u for u, (_, pod) in before.items() if pod == victim]
+    kept = [u for u, (_, pod) in before.items() if pod != victim and after[u][1] == pod]
+    print(f"pod {victim} deleted: {len(theirs)} of its users moved; "
+          f"{len(kept)} of {USERS - len(theirs)} others kept their pod")  # fmt: skip
+    assert len(kept) >= 0.9 * (USERS - len(theirs)), (before, after)
+    assert all(after[u][1] != victim for u in after)
+    # a moved user's entry was found on its new pod, never made again: from Redis, or from
+    # that pod's L1 where a plain-Service request of the first scenario left it
+    assert set(theirs) <= set(first_elsewhere), first_elsewhere
+    print(f"moved users' first answers: {dict(Counter(first_elsewhere.values()))}")
+    assert "miss" not in first_elsewhere.values(), first_elsewhere
+    assert Counter(first_elsewhere[u] for u in theirs)["l2"] >= len(theirs) / 2, first_elsewhere
+    stack.wait_for(lambda: ranker.ready_replicas("v1") == PODS, "the replacement pod", 240)
+    stack.wait_for(  # the replacement takes its share of the users: one pass warms it
+        lambda: one_pass(ranker, bodies) and l1_share(one_pass(ranker, bodies)) >= 0.9,
+        "the L1 share back one pass after the replacement joined",
+        120,
+    )
+
+
+def test_the_canary_share_is_split_per_user_and_grows_by_a_band(
+    stack: Stack, rankers: Rankers
+) -> None:
+    bodies = users(160)
+    ranker = rankers.new("split")
+
+    def canary(weight: int) -> dict[str, Any]:
+        return ranker.with_canary(routed(ranker), "v2", weight)
+
+    def versions() -> dict[str, str] | None:
+        """Each user's version over two passes; ``None`` while a user saw two (the router
+        between two weights: the kubelet brings a ConfigMap's update within a minute)."""
+        seen: dict[str, set[str]] = {}
+        for _ in range(2):
+            for b in bodies:
+                resp = post(ranker, b)
+                assert resp.status_code == 200, resp.text
+                seen.setdefault(b["user_id"], set()).add(resp.json()["model_version"])
+        if any(len(v) > 1 for v in seen.values()):
+            return None
+        return {u: v.pop() for u, v in seen.items()}
+
+    def share(of: dict[str, str]) -> float:
+        return sum(v == "v2" for v in of.values()) / len(of)
+
+    ranker.apply(canary(25))
+    ranker.wait_ready("with the canary", 300)
+    ranker.wait_condition("RouterReady", timeout=180)
+    at_25 = stack.wait_for(
+        lambda: (v := versions()) and abs(share(v) - 0.25) <= 0.08 and v,
+        "a quarter of the users on the canary",
+        180,
+    )
+    ranker.apply(canary(50))
+    at_50 = stack.wait_for(  # the router reloads its ConfigMap as the kubelet updates it
+        lambda: (v := versions()) and abs(share(v) - 0.5) <= 0.08 and v,
+        "half of the users on the canary",
+        180,
+    )
+    print(f"canary share of users: {share(at_25):.2f} at 25, {share(at_50):.2f} at 50")
+    moved = [u for u, v in at_25.items() if v == "v2" and at_50[u] != "v2"]
+    assert not moved, f"{len(moved)} users left the canary when its share grew"

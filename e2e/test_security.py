@@ -1,0 +1,160 @@
+"""Security and bad input: only a ranker's pods reach its Redis, every pod runs under Pod
+Security ``restricted`` with no secret on a command line, and an invalid spec or artifact is
+refused with the field and the limit while what serves keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from chart import OPERATOR_NS
+from rankers import Rankers
+from release import OperatorRelease
+from stack import NS, Stack
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+
+
+def connect_from(stack: Stack, pod: str, ip: str, port: int) -> str:
+    """Try a TCP connection from inside ``pod``: 'connected' or the error."""
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('{ip}', {port}), timeout=4).close(); print('connected')\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    return stack.kubectl("exec", "-n", NS, pod, "--", "python", "-c", code).strip()
+
+
+def http_status_from(stack: Stack, pod: str, url: str) -> str:
+    """The HTTP status of a GET from inside ``pod`` (or the error)."""
+    code = (
+        "import httpx\n"
+        "try:\n"
+        f"    print(httpx.get('{url}', timeout=5).status_code)\n"
+        "except httpx.HTTPError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    return stack.kubectl("exec", "-n", NS, pod, "--", "python", "-c", code).strip()
+
+
+def test_the_network_policy_lets_only_its_rankers_reach_redis(
+    stack: Stack, rankers: Rankers
+) -> None:
+    ranker = rankers.create("netpol")
+    redis_ip = stack.must_get("pod", f"{ranker.name}-redis-0")["status"]["podIP"]
+    pod = ranker.pods(version="v1")[0]
+    outsider = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "outsider", "labels": {"app": "outsider"}},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "sleep",
+                    "image": stack.images.ranker,
+                    "command": ["sleep", "3600"],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    stack.apply(outsider)
+    try:
+        stack.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/outsider", "--timeout=120s")
+        # the same pod reaches an unprotected pod (a ranker): only the policy stands in between
+        ranker_ip = pod["status"]["podIP"]
+        assert connect_from(stack, "outsider", ranker_ip, 8080) == "connected"
+        assert connect_from(stack, "outsider", redis_ip, 6379) != "connected"
+        assert connect_from(stack, pod["metadata"]["name"], redis_ip, 6379) == "connected"
+        # admin actions: on the pods' admin port, not through the scoring Service
+        admin = f"http://{ranker_ip}:8081/admin/config"
+        scoring = f"http://{ranker.name}.{NS}.svc:8080/admin/config"
+        assert http_status_from(stack, "outsider", admin) == "200"
+        assert http_status_from(stack, "outsider", scoring) == "404"
+    finally:
+        stack.kubectl("delete", "pod", "-n", NS, "outsider", "--wait=false", check=False)
+
+
+def test_every_pod_is_admitted_under_restricted_pod_security(
+    stack: Stack, rankers: Rankers, operator: OperatorRelease
+) -> None:
+    for ns in (NS, OPERATOR_NS):
+        doc = json.loads(stack.kubectl("get", "namespace", ns, "-o", "json"))
+        labels = doc["metadata"]["labels"]
+        assert labels.get("pod-security.kubernetes.io/enforce") == "restricted", labels
+    # a pod the profile forbids is refused, so the label is enforced, not decorative
+    root = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "runs-as-root"},
+        "spec": {"containers": [{"name": "c", "image": stack.images.ranker}]},
+    }
+    out = stack.apply(root, check=False)
+    assert out.returncode != 0 and "restricted" in out.stderr, out.stderr
+    # everything the chart and the operator created runs: Redis, its bootstrap Job, rankers
+    ranker = rankers.create("restricted")
+    ranker.wait_condition("CacheReady", timeout=180)
+    pods = stack.select("pods", f"app.kubernetes.io/instance={ranker.name}")
+    components = {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods}
+    assert {"ranker", "redis", "redis-bootstrap"} <= components, components
+    running = operator.pods()
+    assert running and running[0]["status"]["phase"] == "Running"
+    # the managed Redis password is in no process's command line on the node (any local
+    # user can read those): redis-server includes it from a memory-backed file, redis-cli
+    # (probes, bootstrap) reads it from REDISCLI_AUTH
+    password = ranker.redis_password()
+    lines = stack.command_lines()
+    assert any("redis-server" in line for line in lines), "no redis-server process seen"
+    assert not [line for line in lines if password in line]
+
+
+def test_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
+    stack: Stack, rankers: Rankers
+) -> None:
+    ranker = rankers.create("refuses")
+    good = ranker.spec()
+    out = ranker.apply(ranker.with_canary(good, "v3", weight=150), check=False)
+    assert out.returncode != 0
+    assert "spec.canary.weight" in out.stderr and "100" in out.stderr, out.stderr
+    out = ranker.apply(ranker.spec(replicas=-1), check=False)
+    assert out.returncode != 0 and "spec.model.replicas" in out.stderr, out.stderr
+    # a live managed Redis Cluster is not resharded: refused at apply, with what to do instead
+    reshard = ranker.spec()
+    reshard["spec"]["cache"]["redis"]["shards"] = 4
+    out = ranker.apply(reshard, check=False)
+    assert out.returncode != 0 and "spec.cache.redis.shards" in out.stderr, out.stderr
+    assert "no online resharding" in out.stderr and "new RankerDeployment" in out.stderr
+    # a canary of the stable version: a cross-field rule, also refused at apply (the
+    # operator's own check stays as a second line, see the operator's tests)
+    serving = ranker.must_deployment("v1")["metadata"]["uid"]
+    out = ranker.apply(ranker.with_canary(good, "v1"), check=False)
+    assert out.returncode != 0 and "spec.canary.version" in out.stderr, out.stderr
+    assert "must differ from model.version" in out.stderr, out.stderr
+    # nothing reached the operator: the same Deployment (not a re-created one) still serves
+    degraded = ranker.condition("Degraded")
+    assert degraded is not None and degraded["status"] == "False", degraded
+    assert ranker.must_deployment("v1")["metadata"]["uid"] == serving
+    assert ranker.score("still-serving")["model_version"] == "v1"
+    # a canary whose artifact does not match its checksum: its pods refuse to serve it, the
+    # operator says which version and why, the stable version keeps serving
+    mismatch = ranker.with_canary(good, "v3")
+    mismatch["spec"]["canary"]["sha256"] = "0" * 64
+    ranker.apply(mismatch)
+    failed = ranker.wait_condition("RankersStarted", "False", 180)
+    assert failed["reason"] == "StartFailed" and "v3:" in failed["message"], failed
+    assert "sha256" in failed["message"] and "expected 0000" in failed["message"], failed
+    assert ranker.score("stable-during-bad-canary", version="v1")["model_version"] == "v1"
+    ranker.apply(good)
+    ranker.wait_condition("RankersStarted", "True", 120)
+    ranker.wait_gone("v3")

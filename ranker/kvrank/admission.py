@@ -1,0 +1,279 @@
+"""Admission control: a pod takes only the scoring work it can finish before its caller's
+deadline, and never computes for a caller that has gone.
+
+Under a spike an unbounded queue is congestion collapse: every request waits behind the
+ones before it, all of them miss their deadlines, and the model thread keeps computing
+answers nobody reads. Here each scoring request carries a :class:`Deadline` (the caller's,
+or the server's default) and is *admitted* before any model work:
+
+- it is **shed** at once (an :class:`~kvrank.errors.Overloaded`, answered 503 with
+  ``Retry-After``) when the pod already holds ``max_inflight`` admitted requests, or when
+  the wait it would face plus the model time a request takes (a weighted mean, measured on
+  the model thread) leaves no time to serve it before its deadline. The wait is the model
+  work queued ahead of it (the runner's estimate, per kind of work) and a request's worth
+  for each admitted request not yet at the queue; a request waiting for another's
+  computation (same user, same history) counts until it is served.
+- once admitted, every piece of model work checks, as the model thread picks it up, that
+  it can end before the deadline (by what that kind of work takes) and that the caller is
+  still connected; if not, the work is dropped, never computed (an
+  :class:`~kvrank.errors.Abandoned`).
+
+A request admitted while its peers have not yet queued their work (a burst arriving at
+once, each waiting on Redis) can find more ahead of it than estimated: its deadline drops it
+uncomputed (504) — late, but no work wasted. The admitted requests in the pod and the wait
+are what an autoscaler reads (``kvrank_inflight_requests``,
+``kvrank_estimated_wait_seconds``). This module does no I/O and knows nothing of HTTP: the
+server turns a header into a :class:`Deadline` and maps the errors to status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvrank.errors import Abandoned, Overloaded
+
+TIMEOUT_HEADER = "x-kvrank-timeout-ms"
+"""How long the caller will wait for its answer, in milliseconds (``timeout_header``'s
+value: a whole number from 1 to :data:`MAX_TIMEOUT_MS`)."""
+MAX_TIMEOUT_MS = 60_000
+SHED_REASONS = ("inflight", "deadline")
+"""Why a request was shed: the pod held ``max_inflight`` requests already; or the estimated
+wait left no time before the request's deadline."""
+ABANDON_REASONS = ("deadline", "disconnected")
+ABANDON_STAGES = ("admitted", "encode", "extend", "score", "full")
+"""Where an admitted request was dropped: before its first model work (``admitted``), or as
+the model thread picked up its encode, extend, score or no-cache forward."""
+
+
+class AdmissionSettings(BaseModel):
+    """The bounds of the scoring work one pod takes on (the server config's ``admission``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["shed", "drop", "off"] = Field(
+        "shed",
+        description="shed: refuse what cannot be served in time and drop work nobody waits"
+        " for; drop: queue every request, drop only work nobody waits for; off: queue and"
+        " compute everything (a server without admission control).",
+    )
+    default_timeout_ms: int = Field(
+        5_000,
+        ge=1,
+        le=MAX_TIMEOUT_MS,
+        description="The deadline of a request whose caller sends none (x-kvrank-timeout-ms):"
+        " the bundled router's route timeout, past which nobody waits for the answer."
+        " Callers should send their own (a ranking caller's is well under a second): a pod"
+        " sheds by the deadlines it is given.",
+    )
+    max_inflight: int = Field(
+        256,
+        ge=1,
+        le=65_536,
+        description="Admitted scoring requests in the pod at once (waiting or computing);"
+        " beyond it a request is shed. Bounds memory whatever the estimate says.",
+    )
+    cost_halflife: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="Requests over which the model time per request estimate halves its"
+        " weight: short enough to follow a shift from hits to misses, long enough not to"
+        " chase one slow request.",
+    )
+
+
+@dataclass
+class Deadline:
+    """When a request's caller stops waiting, and whether it has already gone."""
+
+    at: float
+    """On :func:`time.monotonic`'s clock."""
+    clock: Callable[[], float] = time.monotonic
+    caller_left: bool = False
+    """Set by the server when the caller's connection closed before the answer."""
+
+    @classmethod
+    def after_ms(cls, ms: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        return cls(clock() + ms / 1e3, clock)
+
+    def left_s(self) -> float:
+        return self.at - self.clock()
+
+    def reason_to_drop(self) -> str | None:
+        """``disconnected`` or ``deadline`` when the work is no longer wanted, else ``None``."""
+        if self.caller_left:
+            return "disconnected"
+        return "deadline" if self.left_s() <= 0 else None
+
+
+@dataclass
+class Ticket:
+    """One admitted request: its deadline and the model time it has taken so far."""
+
+    deadline: Deadline
+    drops: bool = True
+    """Whether work nobody waits for is dropped (admission ``mode`` not ``off``)."""
+    model_s: float = 0.0
+    queued: bool = False
+    """Whether it has handed the model thread any work yet (before: it is on its way, with
+    a whole request's work to come)."""
+    on_queued: Callable[[], None] | None = None
+
+    def check(self, stage: str, need_s: float = 0.0) -> None:
+        """Raise :class:`~kvrank.errors.Abandoned` if the work at ``stage``, which takes
+        ``need_s``, is not wanted: its caller left, or it would end past the deadline."""
+        if not self.drops:
+            return
+        reason = self.deadline.reason_to_drop()
+        if reason is None and self.deadline.left_s() < need_s:
+            reason = "deadline"  # it would end after the caller stopped waiting
+        if reason is not None:
+            raise Abandoned(reason, stage, self)
+
+    def mark_queued(self) -> None:
+        """Its first work has reached the model thread's queue (the runner says so)."""
+        if not self.queued:
+            self.queued = True
+            if self.on_queued is not None:
+                self.on_queued()
+
+
+_CURRENT: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
+    "kvrank_ticket", default=None
+)
+
+
+def current_ticket() -> Ticket | None:
+    """The ticket of the request whose task is running (``None`` outside one: warm-up,
+    prefetch). The model runner reads it, so the cache between the service and the runner
+    need not carry it."""
+    return _CURRENT.get()
+
+
+@dataclass
+class AdmissionStats:
+    admitted: int = 0
+    shed: Counter[str] = field(default_factory=Counter)
+    abandoned: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """``(reason, stage)`` → requests dropped there."""
+
+
+class Admission:
+    """Admits or sheds each scoring request (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        queued_work_s: Callable[[], float] = lambda: 0.0,
+    ):
+        self.settings = settings
+        self.queued_work_s = queued_work_s
+        """The model work queued now, in seconds (the runner's estimate)."""
+        self.inflight = 0
+        """Admitted requests not yet answered."""
+        self.unqueued = 0
+        """Admitted requests that have not yet handed the model thread any work."""
+        self.loop_lag_s = 0.0
+        """How far behind the event loop runs (see :func:`watch_loop_lag`)."""
+        self.cost_s = 0.0
+        """Model time per request, weighted mean (0 until one was measured)."""
+        self.stats = AdmissionStats()
+        self._measured = 0
+        self._weight = 1 - 0.5 ** (1 / settings.cost_halflife)
+
+    def observe_loop_lag(self, late_s: float) -> None:
+        """One tick of the event loop's lag monitor: how late a timer fired. The estimate
+        follows a rise at once and decays by a tenth a tick."""
+        self.loop_lag_s = max(late_s, 0.9 * self.loop_lag_s)
+
+    def deadline(self, timeout_ms: float) -> Deadline:
+        """A request's deadline ``timeout_ms`` after its caller sent it: a request reaches
+        its route only after the event loop's lag, so that much of its time is gone."""
+        return Deadline.after_ms(timeout_ms - self.loop_lag_s * 1e3)
+
+    def estimated_wait_s(self) -> float:
+        """What a request admitted now would wait before its own model work: the work
+        queued, and a request's worth for each admitted one still on its way to the queue
+        (parsing, reading Redis: under a spike the event loop holds many)."""
+        return self.queued_work_s() + self.unqueued * self.cost_s
+
+    def retry_after_s(self) -> int:
+        """Whole seconds after which the queue now in the pod will have drained (>= 1)."""
+        return max(1, math.ceil(self.estimated_wait_s()))
+
+    def screen(self, deadline: Deadline) -> None:
+        """The check :meth:`admit` makes, before a request's body is even read (parsing a
+        body is work too: under a spike, a shed answer must cost next to nothing)."""
+        if self.settings.mode == "shed":
+            self._refuse_if_overloaded(deadline)
+
+    @contextlib.contextmanager
+    def admit(self, deadline: Deadline) -> Iterator[Ticket]:
+        """The request's ticket, current while the block runs; raises
+        :class:`~kvrank.errors.Overloaded` (before any work) when it must be shed."""
+        ticket = Ticket(deadline, drops=self.settings.mode != "off")
+        ticket.check("admitted")  # gone before it got here (a slow body, a late header)
+        if self.settings.mode == "shed":
+            self._refuse_if_overloaded(deadline)
+        self.inflight += 1
+        self.unqueued += 1
+        ticket.on_queued = self._one_queued
+        self.stats.admitted += 1
+        token = _CURRENT.set(ticket)
+        try:
+            yield ticket
+        except Abandoned as exc:
+            self.stats.abandoned[(exc.reason, exc.stage)] += 1
+            raise
+        finally:
+            _CURRENT.reset(token)
+            self.inflight -= 1
+            ticket.mark_queued()  # done: no longer on its way
+            if ticket.model_s > 0:
+                self._observe_cost(ticket.model_s)
+
+    def _one_queued(self) -> None:
+        self.unqueued -= 1
+
+    def _refuse_if_overloaded(self, deadline: Deadline) -> None:
+        if self.inflight >= self.settings.max_inflight:
+            self._shed("inflight", f"{self.inflight} requests in this pod (max_inflight)")
+        wait = self.estimated_wait_s()
+        if wait + self.cost_s > deadline.left_s():
+            self._shed(
+                "deadline",
+                f"an estimated {wait * 1e3:.0f} ms wait leaves no time before the deadline"
+                f" ({max(deadline.left_s(), 0) * 1e3:.0f} ms left)",
+            )
+
+    def _shed(self, reason: str, why: str) -> None:
+        self.stats.shed[reason] += 1
+        raise Overloaded(reason, why, self.retry_after_s())
+
+    def _observe_cost(self, seconds: float) -> None:
+        # the plain mean of the first requests, then the weighted one: the first request
+        # measured (a miss, typically) does not stand for the mix until others come in
+        self._measured += 1
+        self.cost_s += max(self._weight, 1 / self._measured) * (seconds - self.cost_s)
+
+
+LAG_TICK_S = 0.01
+
+
+async def watch_loop_lag(admission: Admission, tick_s: float = LAG_TICK_S) -> None:
+    """Runs for the server's life: how late a timer fires is how long anything new waits
+    for the event loop — a request's time spent before its route runs, which no clock in
+    the request shows."""
+    while True:
+        started = time.monotonic()
+        await asyncio.sleep(tick_s)
+        admission.observe_loop_lag(max(0.0, time.monotonic() - started - tick_s))

@@ -1,0 +1,229 @@
+"""Under more requests than it can serve in time, a ranker answers what it can and refuses
+the rest at once: shed before any model work with 503 and ``Retry-After``, work for callers
+that gave up or left dropped uncomputed, probes answered throughout, a caller's deadline
+header checked. A real uvicorn server on a socket (disconnects are real), serving the tiny
+model whose user encode is made slow, so the queue builds on any machine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from kvrank.admission import TIMEOUT_HEADER
+from kvrank.server.app import create_app
+from kvrank.server.config import load_config
+from kvrank.server.wiring import build_service
+from kvrank.tools.processes import free_port, samples
+
+ENCODE_S = 0.1
+"""What the slowed user encode takes: 10 a second at most."""
+
+
+def slow(seconds: float) -> Callable[[], None]:
+    return lambda: time.sleep(seconds)
+
+
+def wait_for(what: str, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serving(artifact: Any, before_encode: Callable[[], Any], **overrides: Any) -> Iterator[str]:
+    """A ranker on a free port that calls ``before_encode`` on the model thread before each
+    user encode (a sleep: a slow model; a closed gate: a model thread held); its URL."""
+    cfg = load_config({"model_dir": str(artifact), **overrides})
+    service = build_service(cfg)
+    encode = service.model.encode_user
+
+    def slow_encode(*args: Any) -> Any:
+        before_encode()
+        return encode(*args)
+
+    port = free_port()
+    config = uvicorn.Config(create_app(cfg, service), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    service.model.encode_user = slow_encode  # type: ignore[method-assign]  # warm-up ran
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    return sum(samples(httpx.get(f"{url}/metrics").text, name, **labels))
+
+
+def inflight(url: str) -> float:
+    return metric(url, "kvrank_inflight_requests")
+
+
+def encodes(url: str) -> float:
+    return metric(url, "kvrank_user_encodes_total", kind="full")
+
+
+async def burst(
+    url: str, bodies: list[dict[str, Any]], timeout_ms: int, give_up_s: float = 30.0
+) -> list[httpx.Response | str]:
+    """All of ``bodies`` at once, each with the deadline header; a caller that gives up
+    after ``give_up_s`` closes its connection (``"gave up"``)."""
+    limits = httpx.Limits(max_connections=len(bodies) + 4)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=give_up_s) as client:
+
+        async def one(body: dict[str, Any]) -> httpx.Response | str:
+            try:
+                return await client.post(
+                    "/v1/score", json=body, headers={TIMEOUT_HEADER: str(timeout_ms)}
+                )
+            except httpx.TimeoutException:
+                return "gave up"
+
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def status_counts(answers: list[httpx.Response | str]) -> Counter[int | str]:
+    return Counter(a if isinstance(a, str) else a.status_code for a in answers)
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """Holds the model thread until set (at the latest when the test ends)."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def bodies(request_for) -> Callable[[int, str], list[dict[str, Any]]]:
+    def make(n: int, prefix: str = "spike") -> list[dict[str, Any]]:
+        return [request_for(f"{prefix}-{i}", seed=i)[2] for i in range(n)]
+
+    return make
+
+
+def test_a_spike_is_shed_at_once_and_what_is_admitted_is_answered_in_time(artifact, bodies) -> None:
+    with serving(artifact, slow(ENCODE_S)) as url:
+        (warm,) = bodies(1, "warm")
+        assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # measures a miss
+
+        async def spike_and_probe() -> tuple[list[httpx.Response | str], list[int]]:
+            probes: list[int] = []
+
+            async def probe() -> None:
+                async with httpx.AsyncClient(base_url=url, timeout=1.0) as client:
+                    for _ in range(5):
+                        probes.append((await client.get("/healthz")).status_code)
+                        await asyncio.sleep(0.05)
+
+            answers, _ = await asyncio.gather(burst(url, bodies(30), timeout_ms=1000), probe())
+            return answers, probes
+
+        answers, probes = asyncio.run(spike_and_probe())
+        counts = status_counts(answers)
+        shed = [a for a in answers if not isinstance(a, str) and a.status_code == 503]
+        assert set(counts) <= {200, 503, 504}, counts
+        # a second holds ~9 misses; on a busy machine some of those admitted run late (504)
+        assert 1 <= counts[200] + counts[504] <= 12 and len(shed) >= 18, counts
+        assert all(int(a.headers["retry-after"]) >= 1 for a in shed)
+        assert {a.headers["x-kvrank-shed"] for a in shed} == {"deadline"}  # what a router retries
+        assert "overloaded" in shed[0].json()["error"], shed[0].json()
+        assert probes == [200] * 5
+        # no model work for a shed request: one encode per answer (the warm one's too)
+        assert encodes(url) <= 1 + counts[200] + counts[504]
+        assert metric(url, "kvrank_shed_requests_total") == len(shed)
+        assert metric(url, "kvrank_request_model_seconds") >= ENCODE_S
+        assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # and it recovers
+
+
+def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
+    artifact, bodies, gate
+) -> None:
+    with serving(artifact, gate.wait) as url:  # the model thread held by the first encode
+
+        async def scene() -> tuple[Any, ...]:
+            first = asyncio.create_task(burst(url, bodies(1, "patient"), timeout_ms=10_000))
+            await asyncio.to_thread(wait_for, "first queued", lambda: inflight(url) == 1)
+            leaving = burst(url, bodies(2, "leaving"), timeout_ms=10_000, give_up_s=0.2)
+            late = burst(url, bodies(2, "late"), timeout_ms=200)
+            queued = asyncio.gather(leaving, late)
+            await asyncio.to_thread(wait_for, "all admitted", lambda: inflight(url) == 5)
+            await asyncio.sleep(0.4)  # the leavers gone, the late ones' deadline passed
+            gate.set()
+            return (await first, *(await queued))
+
+        patient, leaving, late = asyncio.run(scene())
+        assert status_counts(patient) == {200: 1}
+        assert status_counts(leaving) == {"gave up": 2}
+        assert status_counts(late) == {504: 2}, [a.text for a in late]  # type: ignore[union-attr]
+        dropped = {"reason": "disconnected", "stage": "encode"}
+        wait_for(  # the model thread reaches the leavers' work after the late ones' answers
+            "the leavers' work dropped",
+            lambda: metric(url, "kvrank_abandoned_requests_total", **dropped) == 2,
+        )
+        assert metric(url, "kvrank_abandoned_requests_total", reason="deadline") == 2
+        assert encodes(url) == 1  # the patient caller's only
+
+
+def test_a_caller_that_gave_up_does_not_fail_another_sharing_its_computation(
+    artifact, request_for, gate
+) -> None:
+    """Two requests of one user with the same history share one encode; the first (which
+    makes it) gives up while it is queued: the second has it made for itself."""
+    with serving(artifact, gate.wait) as url:
+        body = request_for("shared")[2]
+
+        async def scene() -> list[Any]:
+            busy = asyncio.create_task(burst(url, [request_for("busy")[2]], timeout_ms=10_000))
+            await asyncio.to_thread(wait_for, "busy queued", lambda: inflight(url) == 1)
+            hasty = asyncio.create_task(burst(url, [body], timeout_ms=200))
+            await asyncio.to_thread(wait_for, "hasty queued", lambda: inflight(url) == 2)
+            patient = asyncio.create_task(burst(url, [body], timeout_ms=10_000))
+            await asyncio.to_thread(wait_for, "patient queued", lambda: inflight(url) == 3)
+            await asyncio.sleep(0.3)  # the hasty one's deadline passed
+            gate.set()
+            return [await busy, await hasty, await patient]
+
+        busy, hasty, patient = asyncio.run(scene())
+        assert [status_counts(a) for a in (busy, hasty, patient)] == [
+            {200: 1},
+            {504: 1},
+            {200: 1},
+        ]
+        assert encodes(url) == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "abc", "60001"])
+def test_a_deadline_header_out_of_its_limits_is_400_naming_it(
+    make_client, request_for, value
+) -> None:
+    client = make_client()
+    resp = client.post("/v1/score", json=request_for()[2], headers={TIMEOUT_HEADER: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["field"] == TIMEOUT_HEADER
+    assert "1 to 60000" in resp.json()["error"]
+
+
+def test_with_admission_off_every_request_is_queued_and_computed(artifact, bodies) -> None:
+    """The baseline a benchmark compares with: nothing shed, nothing dropped."""
+    with serving(artifact, slow(ENCODE_S / 4), admission={"mode": "off"}) as url:
+        answers = asyncio.run(burst(url, bodies(12), timeout_ms=50))
+        assert status_counts(answers) == {200: 12}
+        assert encodes(url) == 12

@@ -1,0 +1,152 @@
+"""Admission control's decisions, on a clock the test moves: what is shed and why, what an
+admitted request's stale work does, and what a pod's wait estimate follows."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from kvrank.admission import Admission, AdmissionSettings, Deadline, current_ticket
+from kvrank.errors import Abandoned, Overloaded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def measured(admission: Admission, clock: Clock, model_s: float, n: int = 1) -> None:
+    """``n`` requests served one after another, each taking ``model_s`` of model time."""
+    for _ in range(n):
+        with admission.admit(Deadline.after_ms(10_000, clock)) as ticket:
+            ticket.model_s = model_s
+
+
+def test_a_request_that_would_wait_past_its_deadline_is_shed_before_any_work(clock) -> None:
+    queued = [0.0]
+    admission = Admission(AdmissionSettings(), lambda: queued[0])
+    measured(admission, clock, 0.05)
+    queued[0] = 0.5  # half a second of model work ahead of the next request
+    with admission.admit(Deadline.after_ms(800, clock)):
+        pass  # 500 ms of wait + its own 50 ms fit in 800 ms
+    with pytest.raises(Overloaded) as shed, admission.admit(Deadline.after_ms(500, clock)):
+        pytest.fail("admitted")
+    assert shed.value.reason == "deadline"
+    assert "500 ms wait" in str(shed.value)
+    assert shed.value.retry_after_s == 1
+    assert admission.stats.shed == {"deadline": 1}
+    assert admission.inflight == 0  # the shed one never counted
+
+
+def test_a_request_on_its_way_to_the_queue_counts_a_requests_worth_then_its_queued_work(
+    clock,
+) -> None:
+    queued = [0.0]
+    admission = Admission(AdmissionSettings(), lambda: queued[0])
+    measured(admission, clock, 0.05)
+    with contextlib.ExitStack() as held:
+        tickets = [
+            held.enter_context(admission.admit(Deadline.after_ms(1_000, clock))) for _ in range(10)
+        ]
+        assert admission.estimated_wait_s() == pytest.approx(0.5)  # parsing, reading Redis
+        for ticket in tickets:
+            ticket.mark_queued()  # their encodes reached the model thread: the runner's now
+        queued[0] = 0.2
+        assert admission.estimated_wait_s() == pytest.approx(0.2)
+    assert admission.unqueued == 0
+
+
+def test_work_that_would_end_past_the_deadline_is_not_started(clock) -> None:
+    admission = Admission(AdmissionSettings())
+    with pytest.raises(Abandoned) as late, admission.admit(Deadline.after_ms(100, clock)) as t:
+        t.check("encode", need_s=0.05)  # 100 ms left: it fits
+        clock.now += 0.06
+        t.check("score", need_s=0.05)  # 40 ms left
+    assert (late.value.reason, late.value.stage) == ("deadline", "score")
+
+
+def test_the_pod_holds_at_most_max_inflight_requests_whatever_the_estimate(clock) -> None:
+    admission = Admission(AdmissionSettings(max_inflight=3))
+    with contextlib.ExitStack() as held:
+        for _ in range(3):  # nothing measured yet: the estimate is 0
+            held.enter_context(admission.admit(Deadline.after_ms(1_000, clock)))
+        with pytest.raises(Overloaded) as shed, admission.admit(Deadline.after_ms(1_000, clock)):
+            pytest.fail("admitted")
+    assert shed.value.reason == "inflight"
+    with admission.admit(Deadline.after_ms(1_000, clock)):
+        assert admission.inflight == 1
+
+
+def test_work_past_its_deadline_or_for_a_caller_that_left_is_dropped_and_counted(
+    clock,
+) -> None:
+    admission = Admission(AdmissionSettings())
+    with pytest.raises(Abandoned) as late, admission.admit(Deadline.after_ms(100, clock)) as t:
+        t.check("encode")  # in time
+        clock.now += 0.2
+        t.check("score")
+    assert (late.value.reason, late.value.stage, late.value.ticket) == ("deadline", "score", t)
+    left = Deadline.after_ms(1_000, clock)
+    with pytest.raises(Abandoned) as gone, admission.admit(left) as ticket:
+        left.caller_left = True
+        ticket.check("encode")
+    assert gone.value.reason == "disconnected"
+    assert admission.stats.abandoned == {("deadline", "score"): 1, ("disconnected", "encode"): 1}
+    assert admission.inflight == 0
+
+
+def test_a_deadline_already_past_on_arrival_is_dropped_before_admission(clock) -> None:
+    admission = Admission(AdmissionSettings())
+    deadline = Deadline.after_ms(10, clock)
+    clock.now += 1
+    with pytest.raises(Abandoned) as late, admission.admit(deadline):
+        pytest.fail("admitted")
+    assert late.value.stage == "admitted"
+
+
+@pytest.mark.parametrize(
+    ("mode", "sheds", "drops"), [("shed", True, True), ("drop", False, True), ("off", False, False)]
+)
+def test_each_mode_sheds_and_drops_what_it_says(clock, mode, sheds, drops) -> None:
+    admission = Admission(AdmissionSettings(mode=mode, max_inflight=1))
+    with admission.admit(Deadline.after_ms(100, clock)):
+        try:
+            with admission.admit(Deadline.after_ms(100, clock)) as ticket:
+                clock.now += 1
+                ticket.check("encode")
+        except Overloaded:
+            assert sheds
+        except Abandoned:
+            assert not sheds and drops
+        else:
+            assert not sheds and not drops
+
+
+def test_the_wait_estimate_follows_a_shift_in_model_time_within_a_few_halflives(clock) -> None:
+    admission = Admission(AdmissionSettings(cost_halflife=8))
+    measured(admission, clock, 0.100, n=1)  # the first request, a miss
+    measured(admission, clock, 0.002, n=3)  # then hits: the first is no longer all there is
+    assert admission.cost_s == pytest.approx((0.100 + 3 * 0.002) / 4)
+    measured(admission, clock, 0.002, n=100)
+    assert admission.cost_s == pytest.approx(0.002, rel=0.01)
+    measured(admission, clock, 0.020, n=24)  # then misses: three halflives
+    assert 0.017 < admission.cost_s < 0.020
+    measured(admission, clock, 1.0, n=1)  # one slow request moves it by a twelfth
+    assert admission.cost_s < 0.020 + 1.0 / 11
+
+
+def test_the_admitted_requests_ticket_is_current_inside_its_block_only(clock) -> None:
+    admission = Admission(AdmissionSettings())
+    assert current_ticket() is None
+    with admission.admit(Deadline.after_ms(100, clock)) as ticket:
+        assert current_ticket() is ticket
+    assert current_ticket() is None
