@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import numpy as np
 
 from kvrank.admission import TIMEOUT_HEADER
-from kvrank.tools.processes import ProcessStack, RankerProcess, scrape
+from kvrank.tools.processes import ProcessStack, RankerProcess, samples
 from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
 
 MODES = ("shed", "off")
@@ -238,13 +239,18 @@ def summarize(
     }
 
 
+SERVER_COUNTS = {
+    "scored": "kvrank_requests_total",
+    "encodes": "kvrank_user_encodes_total",
+    "shed": "kvrank_shed_requests_total",
+    "dropped": "kvrank_abandoned_requests_total",
+}
+
+
 def _server_counts(url: str) -> dict[str, float]:
-    return {
-        "scored": scrape(url, "kvrank_requests_total"),
-        "encodes": scrape(url, "kvrank_user_encodes_total"),
-        "shed": scrape(url, "kvrank_shed_requests_total"),
-        "dropped": scrape(url, "kvrank_abandoned_requests_total"),
-    }
+    """The server's own counts, from one scrape of its ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {key: sum(samples(text, name)) for key, name in SERVER_COUNTS.items()}
 
 
 def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> dict[str, Any]:
