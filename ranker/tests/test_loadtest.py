@@ -113,8 +113,9 @@ def test_smoke_shadowtest_mirrors_off_the_request_path_and_fails_nothing(
     out = tmp_path / "shadow.json"
     kvrank_cli("shadowtest", "--profile", "smoke", "--sample", "0.5", "--json", str(out))
     report = json.loads(out.read_text())
-    assert report["errors"] == 0, "a canary that is down must fail no request"
-    for pod in ("off", "off_again", "shadow", "canary_down"):
+    kinds = {p: report[p]["error_kinds"] for p in ("off", "off_again", "shadow", "canary_down")}
+    assert report["errors"] == 0, f"a canary that is down must fail no request: {kinds}"
+    for pod in kinds:
         assert report[pod]["requests"] == 80 and report[pod]["errors"] == 0
     mirrored, down = report["mirrored"]["shadow"], report["mirrored"]["canary_down"]
     # about half of 80 mirrored (binomial: 40 ± 4.5), each compared or counted as dropped

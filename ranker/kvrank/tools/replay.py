@@ -20,9 +20,14 @@ import aiohttp
 import httpx
 import numpy as np
 
+from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER
 from kvrank.tools.workload import Request
 
-JSON = {"content-type": "application/json"}
+WAIT_S = MAX_TIMEOUT_MS / 1e3
+"""How long the replay waits for an answer; it tells the server so (``x-kvrank-timeout-ms``),
+or a pod would shed by its default deadline requests this caller still waits for — on a
+loaded machine, errors the workload did not cause."""
+HEADERS = {"content-type": "application/json", TIMEOUT_HEADER: str(MAX_TIMEOUT_MS)}
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ async def replay(
             t0 = time.monotonic()
             try:
                 async with session.post(
-                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=JSON
+                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=HEADERS
                 ) as resp:
                     payload = await resp.read()
                 t1 = time.monotonic()
@@ -70,7 +75,7 @@ async def replay(
     # (the fast server's most). Idle connections are closed before uvicorn's 5 s keep-alive
     # does: a request sent on a connection the server is closing fails without reaching it.
     connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=4.0)
-    timeout = aiohttp.ClientTimeout(total=60)
+    timeout = aiohttp.ClientTimeout(total=WAIT_S)
     # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
     requests = list(requests)
     bodies = [json.dumps(req.body).encode() for req in requests]
@@ -107,7 +112,7 @@ async def warm_up(requests: list[Request], urls: list[str], users: int = WARMUP_
     ratios and misses are the workload's; each warm-up user comes once, so no request
     interval is observed and the adaptive TTL starts where it would have.
     """
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=HEADERS) as client:
         for url in urls:
             for i, req in enumerate(requests[:users]):
                 body = {**req.body, "user_id": f"warmup-{i}"}

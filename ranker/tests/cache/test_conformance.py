@@ -118,9 +118,10 @@ async def test_delete_removes(tier, model, factory, tiny_cfg) -> None:
 
 
 async def test_entries_expire_after_their_ttl(tier, model, factory, tiny_cfg) -> None:
-    await put(tier, key("u4"), model.encode_user(factory.user(tiny_cfg, 5, 1)), ttl_s=0.3)
+    # a TTL long enough that a loaded machine's put-then-get ends well inside it
+    await put(tier, key("u4"), model.encode_user(factory.user(tiny_cfg, 5, 1)), ttl_s=1.0)
     assert await get(tier, key("u4")) is not None
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(1.25)
     assert await get(tier, key("u4")) is None
 
 
