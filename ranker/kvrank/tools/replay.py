@@ -46,17 +46,20 @@ async def replay(
     concurrency: int = 16,
     on_result: Callable[[Result], None] | None = None,
     speed: float = 1.0,
+    routing_header: str | None = None,
 ) -> list[Result]:
-    """Open-loop replay; ``speed`` > 1 compresses the schedule."""
+    """Open-loop replay; ``speed`` > 1 compresses the schedule. With ``routing_header``
+    each request carries its user id there, as callers behind a hashing router do."""
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
 
-    async def one(session: aiohttp.ClientSession, i: int, body: bytes) -> None:
+    async def one(session: aiohttp.ClientSession, i: int, req: Request, body: bytes) -> None:
+        headers = HEADERS if routing_header is None else {**HEADERS, routing_header: req.user_id}
         async with sem:
             t0 = time.monotonic()
             try:
                 async with session.post(
-                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=HEADERS
+                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=headers
                 ) as resp:
                     payload = await resp.read()
                 t1 = time.monotonic()
@@ -92,7 +95,7 @@ async def replay(
                 delay = req.at_s / speed - (time.monotonic() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(session, i, body)))
+                tasks.append(asyncio.create_task(one(session, i, req, body)))
             await asyncio.gather(*tasks)
     finally:
         gc.enable()
@@ -137,8 +140,9 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         "requests": len(results),
         "errors": len(results) - len(ok),
         "error_kinds": dict(Counter(_kind(r) for r in results if r.status != 200)),
-        "hit_ratio": sum(o in ("l1", "l2", "incremental") for o in outcomes) / n,
+        "hit_ratio": sum(o in ("l1", "host", "l2", "incremental") for o in outcomes) / n,
         "l1_hit_ratio": outcomes.count("l1") / n,
+        "host_hit_ratio": outcomes.count("host") / n,
         "l2_hit_ratio": outcomes.count("l2") / n,
         "incremental_ratio": outcomes.count("incremental") / n,
         "miss_ratio": outcomes.count("miss") / n,
