@@ -210,6 +210,18 @@ class Admission:
         """Whole seconds after which the queue now in the pod will have drained (>= 1)."""
         return max(1, math.ceil(self.estimated_wait_s()))
 
+    def prefetch_refusal(self) -> str | None:
+        """Why a prefetch must not run now (``None``: it may). A prefetch shifts work — the
+        ranking request that follows would make the entry anyway — so it is worth its model
+        time only when that time is spare: in ``shed`` mode it is refused while the pod holds
+        ``max_inflight`` requests or a scoring request admitted now would wait more than one
+        request's worth of model work (work it would otherwise queue behind)."""
+        if self.settings.mode != "shed":
+            return None
+        if self.inflight >= self.settings.max_inflight:
+            return "inflight"
+        return "busy" if self.estimated_wait_s() > self.cost_s else None
+
     def screen(self, deadline: Deadline) -> None:
         """The check :meth:`admit` makes, before a request's body is even read (parsing a
         body is work too: under a spike, a shed answer must cost next to nothing)."""

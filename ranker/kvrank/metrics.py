@@ -40,9 +40,10 @@ response hides that response from Prometheus' ``increase()`` (a canary's first 5
 included)."""
 ENCODE_KINDS = ("full", "incremental")
 PREFETCH_ROUTE = "/v1/prefetch"
-PREFETCH_RESULTS = (*OUTCOMES, "dropped", "failed")
+PREFETCH_RESULTS = (*OUTCOMES, "dropped", "shed", "failed")
 """What became of a prefetch: the cache outcome of its lookup (``miss``: it made the entry),
-``dropped`` (too many in flight) or ``failed`` (an error, logged; the caller had its 202)."""
+``dropped`` (too many prefetches in flight), ``shed`` (the pod had no model time to spare:
+scoring requests come first) or ``failed`` (an error, logged; the caller had its 202)."""
 
 
 @dataclass

@@ -150,3 +150,23 @@ def test_the_admitted_requests_ticket_is_current_inside_its_block_only(clock) ->
     with admission.admit(Deadline.after_ms(100, clock)) as ticket:
         assert current_ticket() is ticket
     assert current_ticket() is None
+
+
+@pytest.mark.parametrize("mode", ["shed", "drop", "off"])
+def test_a_prefetch_runs_only_on_spare_model_time_and_only_shed_mode_refuses_it(
+    clock, mode
+) -> None:
+    queued = [0.0]
+    admission = Admission(AdmissionSettings(mode=mode, max_inflight=2), lambda: queued[0])
+    admission.cost_s = 0.05
+    assert admission.prefetch_refusal() is None  # idle
+    queued[0] = 0.04  # less than a request's worth ahead: still spare
+    assert admission.prefetch_refusal() is None
+    queued[0] = 0.2
+    assert admission.prefetch_refusal() == ("busy" if mode == "shed" else None)
+    queued[0] = 0.0
+    with (
+        admission.admit(Deadline.after_ms(1000, clock)),
+        admission.admit(Deadline.after_ms(1000, clock)),
+    ):
+        assert admission.prefetch_refusal() == ("inflight" if mode == "shed" else None)

@@ -3,8 +3,10 @@ made behind it, at most ``prefetch_max_inflight`` at a time.
 
 A prefetch is a hint from the retrieval stage (it knows the user before the ranking
 request comes): nothing it meets reaches its caller, who already has the answer. A full
-queue drops it (the ranking request will make the entry), an error is logged and counted;
-both are in ``kvrank_prefetches_total``.
+queue drops it (the ranking request will make the entry); so does a pod without model time
+to spare (admission control's :meth:`~kvrank.admission.Admission.prefetch_refusal`: under
+load a prefetch would only delay the scoring requests queued behind it, for no work saved);
+an error is logged and counted; all are in ``kvrank_prefetches_total``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ class Prefetches:
         return len(self._tasks)
 
     def offer(self, service: RankingService, user_id: str, user: UserInput) -> bool:
-        """Start making ``user``'s entry; ``False`` (dropped) when ``limit`` are in flight."""
+        """Start making ``user``'s entry; ``False`` (dropped) when ``limit`` are in flight
+        or the pod has no model time to spare."""
         if len(self._tasks) >= self.limit:
             service.metrics.prefetches["dropped"].inc()
+            return False
+        if service.admission.prefetch_refusal() is not None:
+            service.metrics.prefetches["shed"].inc()
             return False
         task = asyncio.create_task(self._run(service, user_id, user))
         self._tasks.add(task)

@@ -112,7 +112,8 @@ class PrefetchResponse(BaseModel):
     request_id: str
     status: str = Field(
         description="accepted: the user's entry is being made (or is already cached);"
-        " dropped: too many prefetches in flight, the ranking request will make it"
+        " dropped: too many prefetches in flight, or the pod has no model time to spare"
+        " (scoring requests come first); the ranking request will make it"
     )
 
 

@@ -72,6 +72,26 @@ def test_a_full_prefetch_queue_drops_with_202_and_counts_it(make_client, request
     assert client.post("/v1/score", json=req).json()["cache"] == "miss"
 
 
+def test_a_prefetch_is_shed_while_scoring_requests_would_wait(make_client, request_for) -> None:
+    """Scoring comes first: with model work queued a prefetch would only delay it (the
+    ranking request makes the entry anyway), so the pod drops it (202, counted ``shed``);
+    with the queue empty again it runs."""
+    client = make_client()
+    admission = client.app.state.kvrank.started.admission  # type: ignore[attr-defined]
+    _, _, busy = request_for("busy")
+    _, _, idle = request_for("idle")
+    admission.queued_work_s = lambda: 2.0  # two seconds of model work ahead
+    resp = client.post("/v1/prefetch", json=prefetch_body(busy))
+    assert resp.status_code == 202 and resp.json()["status"] == "dropped", resp.text
+    assert metric(client, "kvrank_prefetches_total", result="shed") == 1
+    assert client.post("/v1/score", json=busy).json()["cache"] == "miss"  # still answered
+    admission.queued_work_s = lambda: 0.0
+    assert client.post("/v1/prefetch", json=prefetch_body(idle)).json()["status"] == "accepted"
+    settled(client)
+    assert client.post("/v1/score", json=idle).json()["cache"] == "l1"
+    assert metric(client, "kvrank_prefetches_total", result="shed") == 1
+
+
 def test_a_prefetch_against_a_dead_redis_is_accepted_and_the_score_still_right(
     make_client, request_for
 ) -> None:
