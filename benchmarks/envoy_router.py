@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import free_port, stop_process
 from kvrank_operator.manifests.router import (
     ADMIN_PORT,
     CONFIG_DIR,
@@ -94,9 +94,4 @@ class EnvoyRouter:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)

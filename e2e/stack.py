@@ -48,6 +48,7 @@ from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import free_port_pair, samples
 from kvrank_operator.manifests import PodMonitoring, pod_monitor
+from kvrank_operator.manifests.ranker import COMPONENT_META
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "kvrank-e2e"
@@ -485,6 +486,17 @@ def _prometheus_name(label: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's ``matchLabels`` and ``In`` expressions, as the API server reads them."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", expr
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
 class PodTargets:
     """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
 
@@ -541,7 +553,9 @@ class PodTargets:
         ]
 
     def ranker_targets(self) -> list[dict[str, Any]]:
-        """What the operator's own PodMonitor (its builder, not a copy) selects and labels."""
+        """What the operator's own PodMonitor (its builder, not a copy) selects and labels:
+        each pod it selects, at the port of each endpoint whose ``keep`` relabeling the pod's
+        component passes (ranker pods at ``/metrics``, router pods at Envoy's statistics)."""
         out = []
         for pod in self._running(NS):
             meta = pod["metadata"]
@@ -550,27 +564,31 @@ class PodTargets:
             if not instance:
                 continue
             monitor = pod_monitor(instance, NS, PodMonitoring())["spec"]
-            if not monitor["selector"]["matchLabels"].items() <= labels.items():
+            if not _selects(monitor["selector"], labels):
                 continue
-            (endpoint,) = monitor["podMetricsEndpoints"]
             container = pod["spec"]["containers"][0]
-            port = next(
-                p["container_port"] for p in container["ports"] if p["name"] == endpoint["port"]
-            )
+            ports = {p["name"]: p["container_port"] for p in container["ports"]}
             copied = {_prometheus_name(k): labels.get(k, "") for k in monitor["podTargetLabels"]}
-            out.append(
-                {
-                    "targets": [f"{pod['status']['pod_ip']}:{port}"],
-                    "labels": {
-                        "namespace": meta["namespace"],
-                        "pod": meta["name"],
-                        "container": container["name"],
-                        "endpoint": endpoint["port"],
-                        "job": f"{meta['namespace']}/{instance}",
-                        **copied,
-                    },
-                }
-            )
+            for endpoint in monitor["podMetricsEndpoints"]:
+                (keep,) = endpoint["relabelings"]
+                assert keep["sourceLabels"] == [COMPONENT_META] and keep["action"] == "keep"
+                component = labels.get("app.kubernetes.io/component", "")
+                if not re.fullmatch(keep["regex"], component) or endpoint["port"] not in ports:
+                    continue
+                out.append(
+                    {
+                        "targets": [f"{pod['status']['pod_ip']}:{ports[endpoint['port']]}"],
+                        "labels": {
+                            "__metrics_path__": endpoint["path"],
+                            "namespace": meta["namespace"],
+                            "pod": meta["name"],
+                            "container": container["name"],
+                            "endpoint": endpoint["port"],
+                            "job": f"{meta['namespace']}/{instance}",
+                            **copied,
+                        },
+                    }
+                )
         return out
 
     def operator_targets(self) -> list[dict[str, Any]]:

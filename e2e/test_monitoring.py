@@ -4,15 +4,19 @@ RankerDeployment that does not change costs the API server no writes."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import re
 import time
+from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
 from chart import alert_rules, dashboard
-from rankers import Ranker, Rankers
+from rankers import Ranker, Rankers, body
 from release import api_writes
 from stack import NS, Stack
 
@@ -33,12 +37,15 @@ OPERATOR_WRITES = {
 ``/status``)."""
 
 
-def tuned(stack: Stack, rankers: Rankers, prefix: str) -> Ranker:
+def tuned(stack: Stack, rankers: Rankers, prefix: str, routed: bool = False) -> Ranker:
     """A ranker whose TTL the operator tunes from the run's TTL source, after returning and
-    new users until the tuner has measured them (and at least 20 s)."""
+    new users until the tuner has measured them (and at least 20 s); ``routed``: behind the
+    bundled router."""
     ranker = rankers.new(prefix)
     doc = ranker.spec()
     doc["spec"]["ttl"] = {"mode": "auto", "intervalSeconds": 5, "source": stack.ttl_source()}
+    if routed:
+        doc["spec"]["routing"] = {"mode": "bundled", "image": stack.images.router}
     ranker.apply(doc)
     ranker.wait_ready(timeout=300)
     started, i = time.monotonic(), 0
@@ -119,10 +126,12 @@ def test_every_dashboard_panel_and_alert_query_returns_data(stack: Stack, ranker
     """The chart's dashboard and alerts against the Prometheus that scrapes the ranker pods
     and the operator as kube-prometheus-stack's monitors would: each template variable
     offers this RankerDeployment, every panel query returns a number (no panel left empty),
-    every alert's measured value returns data, and every rule evaluates without error."""
+    every alert's measured value returns data, and every rule evaluates without error. The
+    ranker is behind the bundled router, whose pods the same PodMonitor scrapes (Envoy's
+    statistics: the router's panels)."""
     if stack.backend != "local":
         pytest.skip("the kind backend runs no Prometheus")
-    ranker = tuned(stack, rankers, "dashboard")  # the operator's series for it too
+    ranker = tuned(stack, rankers, "dashboard", routed=True)  # the operator's series for it too
     time.sleep(3)  # the last requests scraped
     variables = {"$namespace": NS, "$instance": ranker.name, "$__rate_interval": "1m"}
 
@@ -168,3 +177,88 @@ def test_every_dashboard_panel_and_alert_query_returns_data(stack: Stack, ranker
     }
     assert set(health) == {a["alert"] for a in alerts}
     assert {k: v for k, v in health.items() if v[0] != "ok"} == {}
+
+
+SPIKE_S, DEADLINE_MS, FACTOR = 15.0, 1000, 4
+
+
+async def _spike(url: str, bodies: list[bytes], rate: float) -> list[tuple[int, bool]]:
+    """Open loop at ``rate`` for :data:`SPIKE_S`, each caller sending its 1 s deadline and
+    waiting no longer: ``(status, shed answer carries Retry-After)`` per request (status 0:
+    the caller gave up)."""
+    import aiohttp
+
+    from kvrank.admission import TIMEOUT_HEADER
+
+    headers = {"content-type": "application/json", TIMEOUT_HEADER: str(DEADLINE_MS)}
+    timeout = aiohttp.ClientTimeout(total=DEADLINE_MS / 1e3)
+    out: list[tuple[int, bool]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(body: bytes) -> None:
+            try:
+                async with session.post(
+                    f"{url}/v1/score", data=body, headers=headers, timeout=timeout
+                ) as resp:
+                    await resp.read()
+                    out.append((resp.status, "retry-after" in resp.headers))
+            except (aiohttp.ClientError, TimeoutError):
+                out.append((0, False))
+
+        start, tasks = time.monotonic(), []
+        for i in range(int(rate * SPIKE_S)):
+            delay = i / rate - (time.monotonic() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(bodies[i])))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus(
+    stack: Stack, rankers: Rankers
+) -> None:
+    """One ranker pod (half a CPU, L1 only: every new user a miss) offered 4x the misses it
+    can compute for 15 s, callers with 1 s deadlines: it answers what it can in time, sheds
+    the rest at once (503 with Retry-After), is neither restarted by its liveness probe nor
+    taken out of its Service by its readiness probe, and Prometheus saw its queue and what it
+    shed — what an autoscaler would scale on."""
+    from kvrank.tools.overload import measure_capacity
+
+    if stack.backend != "local":
+        pytest.skip("the kind backend runs no Prometheus")
+    ranker = rankers.new("spike")
+    doc = ranker.spec(redis=False, replicas=1)
+    doc["spec"]["model"]["resources"] = {"limits": {"nvidia.com/gpu": 1, "cpu": "500m"}}
+    ranker.apply(doc)
+    ranker.wait_ready(timeout=300)
+    (url,) = stack.pod_urls(ranker.name)
+
+    def bodies(first: int, n: int) -> list[bytes]:  # distinct users: each one a miss
+        return [json.dumps(body(f"spike-{i}", i)).encode() for i in range(first, first + n)]
+
+    capacity = asyncio.run(measure_capacity(url, bodies(0, 5000), 5.0))["capacity_qps"]
+    rate = FACTOR * capacity
+    began = time.time()
+    outcomes = asyncio.run(_spike(url, bodies(5000, int(rate * SPIKE_S) + 1), rate))
+    statuses = Counter(s for s, _ in outcomes)
+    print(f"capacity {capacity:.0f}/s, offered {rate:.0f}/s for {SPIKE_S:.0f} s: {statuses}")
+    assert statuses[200] > 0, statuses
+    assert statuses[503] > 0, f"not overloaded at {rate:.0f}/s: {statuses}"
+    assert all(retry for s, retry in outcomes if s == 503), "a shed answer without Retry-After"
+    (pod,) = ranker.pods()
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, "liveness restarted it"
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    changed = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
+    assert ready["status"] == "True" and changed.timestamp() < began, f"readiness: {ready}"
+    time.sleep(3)  # the last scrape
+    window = f"[{int(time.time() - began) + 5}s]"
+    sel = f'namespace="{NS}", app_kubernetes_io_instance="{ranker.name}"'
+    for query in (
+        f"max_over_time(kvrank_model_queue_depth{{{sel}}}{window})",
+        f"max_over_time(kvrank_inflight_requests{{{sel}}}{window})",
+        f"sum(increase(kvrank_shed_requests_total{{{sel}}}{window}))",
+    ):
+        values = [float(r["value"][1]) for r in promql(stack, query)]
+        assert values and max(values) > 0, f"{query}: {values}"
+    ranker.delete()

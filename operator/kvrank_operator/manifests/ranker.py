@@ -329,8 +329,21 @@ class PodMonitoring:
     interval: str = "30s"
 
 
+COMPONENT_META = "__meta_kubernetes_pod_label_app_kubernetes_io_component"
+"""A pod's ``app.kubernetes.io/component`` label, as Prometheus' pod discovery names it."""
+MONITORED = {"ranker": ("http", "/metrics"), "router": ("stats", "/stats/prometheus")}
+"""Each kind of pod the PodMonitor scrapes: its port's name and the path. The bundled
+router's is Envoy's own statistics (requests, retries, healthy upstream pods per version),
+on the port that exposes no more of its admin interface than that and ``/ready``."""
+
+
 def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[str, Any]:
-    """prometheus-operator's PodMonitor for every ranker pod of ``instance`` (any version)."""
+    """prometheus-operator's PodMonitor for every ranker pod of ``instance`` (any version)
+    and, when it has the bundled router, every router pod: one endpoint per kind of pod,
+    each kept to the pods of its component (both have a port named ``http``). One object
+    whatever ``spec.routing`` says, so turning the router off leaves nothing to delete."""
+    selector = {"app.kubernetes.io/instance": instance}
+    components = sorted(MONITORED)
     return {
         "apiVersion": POD_MONITOR_API,
         "kind": "PodMonitor",
@@ -340,10 +353,27 @@ def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[
             "labels": {**settings.labels, **labels(instance)},
         },
         "spec": {
-            "selector": {"matchLabels": ranker_selector(instance)},
+            "selector": {
+                "matchLabels": selector,
+                "matchExpressions": [
+                    {
+                        "key": "app.kubernetes.io/component",
+                        "operator": "In",
+                        "values": components,
+                    }
+                ],
+            },
             "podTargetLabels": POD_TARGET_LABELS,
             "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics", "interval": settings.interval}
+                {
+                    "port": port,
+                    "path": path,
+                    "interval": settings.interval,
+                    "relabelings": [
+                        {"sourceLabels": [COMPONENT_META], "regex": component, "action": "keep"}
+                    ],
+                }
+                for component, (port, path) in sorted(MONITORED.items())
             ],
         },
     }

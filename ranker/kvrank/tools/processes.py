@@ -275,6 +275,16 @@ def start_redis_cluster(workdir: Path, masters: int = 3) -> RedisCluster:
     return cluster
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns once it has exited."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class RankerProcess:
     """One real ``kvrank serve`` on loopback; :meth:`start` returns once it is ready."""
@@ -336,12 +346,7 @@ class RankerProcess:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @dataclass
