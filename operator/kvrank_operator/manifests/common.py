@@ -18,6 +18,8 @@ TLS_DIR = "/run/redis-tls"
 """Where Redis pods mount their TLS Secret (and its clients only its ``ca.crt``)."""
 TLS_CA_FILE = f"{TLS_DIR}/{CA_FILE}"
 ADMIN_PORT = 8081
+PROBE_PORT = 8082
+"""The ranker's probes, answered on a thread of their own (never behind scoring work)."""
 """The rankers' /admin/* port: on the pods only, never behind the scoring Service."""
 BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
 PURGE_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}

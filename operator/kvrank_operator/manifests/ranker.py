@@ -16,6 +16,7 @@ from kvrank_operator.manifests.common import (
     CONFIG_MOUNT,
     MODEL_CACHE_MOUNT,
     PASSWORD_FILE,
+    PROBE_PORT,
     PURGE_RESOURCES,
     TLS_CA_FILE,
     deployment_name,
@@ -191,6 +192,7 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},
         {"name": "KVRANK_PORT", "value": str(spec.port)},
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
+        {"name": "KVRANK_PROBE_PORT", "value": str(PROBE_PORT)},
         *spec.admission.ranker_env(),
         *spec.model.env,
     ]
@@ -234,18 +236,21 @@ def _container(
         "ports": [
             {"name": "http", "containerPort": spec.port},
             {"name": "admin", "containerPort": ADMIN_PORT},
+            {"name": "probes", "containerPort": PROBE_PORT},
         ],
         "env": env,
         "resources": spec.model.resources,
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        # on the probe port's own thread: a pod saturated by a spike stays ready (it sheds
+        # what it cannot serve in time) and alive (its event loop still makes progress)
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "probes"}, "periodSeconds": 5},
         # download + load + warm-up may take minutes; liveness starts after it
         "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": "/healthz", "port": "probes"},
             "periodSeconds": spec.model.pod.startup_period_seconds,
             "failureThreshold": spec.model.pod.startup_failure_threshold,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": "/healthz", "port": "probes"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },

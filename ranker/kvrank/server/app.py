@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -20,7 +21,7 @@ from fastapi import FastAPI
 from kvrank.admission import watch_loop_lag
 from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
-from kvrank.server import errors, routes
+from kvrank.server import errors, probes, routes
 from kvrank.server.config import ServerConfig
 from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
@@ -60,6 +61,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
 @contextlib.asynccontextmanager
 async def _running(state: AppState) -> AsyncIterator[None]:
     """From a built, warmed-up service to ready; on exit, drained and closed."""
+    ticker = asyncio.create_task(probes.tick(state))  # liveness, from loading on
     if state.service is None:
         try:  # on the model thread: loading runs torch too (see kvrank.runner)
             loop = asyncio.get_running_loop()
@@ -81,6 +83,7 @@ async def _running(state: AppState) -> AsyncIterator[None]:
     )
     state.shadow.start()
     state.ready = True
+    state.serving_since = time.monotonic()
     watcher = asyncio.create_task(watch_config(state))
     lag = asyncio.create_task(watch_loop_lag(service.admission))
     try:
@@ -89,6 +92,7 @@ async def _running(state: AppState) -> AsyncIterator[None]:
         state.ready = False
         watcher.cancel()
         lag.cancel()
+        ticker.cancel()
         await state.prefetches.stop()
         await state.shadow.stop()
         await service.close()

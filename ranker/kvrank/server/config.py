@@ -159,6 +159,14 @@ class ServerConfig(BaseSettings):
         description="Set: /admin/* is served on this port only (keep it out of the scoring"
         " Service), everything else on `port` only. Unset: all on `port` (local use).",
     )
+    probe_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Set: /healthz and /readyz are also answered on this port by a thread of"
+        " their own, never behind scoring work (the kubelet's probes: a saturated pod stays"
+        " ready and alive). Unset: on `port` only.",
+    )
     config_file: str | None = None
     log: LogConfig = Field(default_factory=LogConfig)
     shadow: ShadowConfig = Field(

@@ -22,10 +22,13 @@ from fastapi import FastAPI
 from kvrank.server import logs
 from kvrank.server.app import create_app
 from kvrank.server.config import ServerConfig
+from kvrank.server.probes import ProbeServer
 
 log = logging.getLogger("kvrank.server")
 
 
+PROBE_STALL_S = 10.0
+"""``/healthz`` on the probe port fails once the event loop has not ticked for this long."""
 STARTUP_FAILED = 3
 """Exit status of a server that did not start (e.g. its model was refused): uvicorn's."""
 
@@ -70,6 +73,9 @@ def serve(cfg: ServerConfig) -> None:
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
     sockets = [listening_socket(cfg.host, p) for p in ports]
     server = DrainingServer(config, app, cfg.drain_delay_s)
+    probes = None
+    if cfg.probe_port is not None:
+        probes = ProbeServer(app.state.kvrank, cfg.host, cfg.probe_port, PROBE_STALL_S).start()
     try:
         server.run(sockets=sockets)
     except SystemExit:  # uvicorn's own exit when the app's startup failed
@@ -80,6 +86,9 @@ def serve(cfg: ServerConfig) -> None:
         reason = app.state.kvrank.startup_error or "the server did not start"
         log.error("kvrank serve: %s", reason)
         raise SystemExit(STARTUP_FAILED) from None
+    finally:
+        if probes is not None:
+            probes.stop()
 
 
 MMAP_THRESHOLD_MAX = 32 << 20

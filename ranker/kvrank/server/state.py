@@ -7,6 +7,7 @@ read it; nothing here does I/O.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -37,6 +38,12 @@ class AppState:
     prefetches: Prefetches = field(init=False)
     user_hash: logs.UserHasher = field(init=False)
     """Turns a user id into what the access line may show."""
+    serving_since: float | None = None
+    """When the pod first became ready (``None`` while it loads): until then the liveness
+    probe fails as the app's own would, so the startup probe still bounds a hung load."""
+    loop_seen: float = field(default_factory=time.monotonic)
+    """When the event loop last ticked (:func:`kvrank.server.probes.tick`): the liveness
+    probe's evidence that it makes progress."""
 
     def __post_init__(self) -> None:
         self.user_hash = logs.UserHasher(self.cfg.log.user_key)

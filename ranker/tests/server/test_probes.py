@@ -1,0 +1,62 @@
+"""The kubelet's probes on their own thread (``probe_port``): readiness follows the pod's
+state, liveness the event loop's progress, and neither waits behind busy Python work."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from kvrank.server.config import ServerConfig
+from kvrank.server.probes import ProbeServer
+from kvrank.server.state import AppState
+
+
+def test_readiness_follows_the_pod_and_liveness_the_event_loops_progress() -> None:
+    state = AppState(ServerConfig())
+    probes = ProbeServer(state, "127.0.0.1", 0, stall_s=0.5).start()
+    url = f"http://127.0.0.1:{probes.port}"
+    try:
+        for path in ("/readyz", "/healthz"):  # loading: the startup probe waits
+            assert httpx.get(f"{url}{path}", timeout=2).status_code == 503
+        state.ready, state.serving_since = True, time.monotonic()
+        assert httpx.get(f"{url}/readyz", timeout=2).json() == {"status": "ready"}
+        assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        state.ready = False  # draining: out of the Service, still alive
+        assert httpx.get(f"{url}/readyz", timeout=2).status_code == 503
+        assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        state.loop_seen -= 1.0  # no tick for a second: the loop is wedged
+        stalled = httpx.get(f"{url}/healthz", timeout=2)
+        assert stalled.status_code == 503 and "stalled" in stalled.json()["status"]
+        assert httpx.get(f"{url}/metrics", timeout=2).status_code == 404
+    finally:
+        probes.stop()
+
+
+def test_a_probe_is_answered_while_python_work_saturates_the_process() -> None:
+    """Two threads spinning in Python (an event loop and a model thread under a spike): the
+    probe thread still gets the interpreter within its switch interval."""
+    state = AppState(ServerConfig(), ready=True)
+    probes = ProbeServer(state, "127.0.0.1", 0, stall_s=10).start()
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    busy = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
+    for t in busy:
+        t.start()
+    try:
+        took = []
+        with httpx.Client(timeout=5) as client:
+            for _ in range(10):
+                t0 = time.perf_counter()
+                assert client.get(f"http://127.0.0.1:{probes.port}/readyz").status_code == 200
+                took.append(time.perf_counter() - t0)
+        assert max(took) < 0.5, took
+    finally:
+        stop.set()
+        probes.stop()
