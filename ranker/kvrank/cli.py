@@ -20,6 +20,28 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from kvrank import __version__
+
+        typer.echo(f"kvrank {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """kvrank: ranking with a cached user-side K/V (data-plane tools)."""
+
+
 cache_app = typer.Typer(help="Cache administration (purge a namespace, invalidate a user).")
 app.add_typer(cache_app, name="cache")
 

@@ -68,3 +68,13 @@ def test_serve_with_an_out_of_range_setting_names_it(tmp_path) -> None:
     )
     assert out.returncode == 2
     assert "lock_wait_ms" in out.stderr and "1000" in out.stderr
+
+
+def test_the_version_is_printed_and_the_declared_license_ships() -> None:
+    import importlib.metadata
+
+    out = run(str(BIN / "kvrank"), "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"kvrank {importlib.metadata.version('kvrank')}"
+    assert importlib.metadata.metadata("kvrank")["License-Expression"] == "Apache-2.0"
+    assert "Apache License" in (Path(__file__).parents[2] / "LICENSE").read_text()
