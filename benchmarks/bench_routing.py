@@ -40,11 +40,11 @@ from envoy_router import EnvoyRouter
 from rich.console import Console
 from rich.table import Table
 
-from kvrank.model.artifact import load_ranker, save_model
+from kvrank.model.artifact import load_ranker
 from kvrank.model.config import QUICK
 from kvrank.model.features import example_user
-from kvrank.model.ranker import RankerModel
 from kvrank.server.config import ROUTING_HEADER
+from kvrank.tools.loadtest import model_dir_for
 from kvrank.tools.processes import RankerProcess, RedisServer, free_port_pair
 from kvrank.tools.replay import replay, summarize, warm_up
 from kvrank.tools.workload import Request, Workload, WorkloadSettings
@@ -134,10 +134,10 @@ def measure(
 
 
 def routing_sides(
-    model: Path, workdir: Path, redis_url: str, prof: Profile
+    model: Path, entry: int, workdir: Path, redis_url: str, prof: Profile
 ) -> dict[str, dict[str, Any]]:
     fair = -(-prof.routing.users // PODS)
-    l1 = int(L1_SHARE * fair * entry_bytes(model)) + 1
+    l1 = int(L1_SHARE * fair * entry) + 1
     requests = list(Workload(QUICK, prof.routing).requests(prof.routing_requests))
     args = ("--redis", redis_url, "--l1-bytes", str(l1), "--torch-threads", "1")
     out: dict[str, dict[str, Any]] = {}
@@ -166,9 +166,8 @@ def routing_sides(
 
 
 def host_sides(
-    model: Path, workdir: Path, redis_url: str, prof: Profile
+    model: Path, entry: int, workdir: Path, redis_url: str, prof: Profile
 ) -> dict[str, dict[str, Any]]:
-    entry = entry_bytes(model)
     l1 = int(HOST_L1 * prof.host.users * entry) + 1
     host = int(HOST_EXTRA * prof.host.users * entry) + 1
     requests = list(Workload(QUICK, prof.host).requests(prof.host_requests))
@@ -186,24 +185,20 @@ def host_sides(
 
 def run(profile: str, model: Path | None, workdir: Path) -> dict[str, Any]:
     prof = PROFILES[profile]
-    if model is None:
-        torch.manual_seed(0)
-        model = save_model(RankerModel(QUICK, "v1").eval(), workdir / "model")
-        origin = "random init (seed 0), quick config"
-    else:
-        origin = f"artifact {model}"
+    model, origin = model_dir_for(model, workdir)
+    entry = entry_bytes(model)
     t0 = time.monotonic()
     redis = RedisServer(free_port_pair(), workdir / "redis").start()
     try:
-        routing = routing_sides(model, workdir, redis.url, prof)
-        host = host_sides(model, workdir, redis.url, prof)
+        routing = routing_sides(model, entry, workdir, redis.url, prof)
+        host = host_sides(model, entry, workdir, redis.url, prof)
     finally:
         redis.stop()
     un, ro = routing["unrouted"], routing["routed"]
     return {
         "profile": profile,
         "model": origin,
-        "entry_bytes": entry_bytes(model),
+        "entry_bytes": entry,
         "condition": "one machine; each side its own fresh pods (1 torch thread each) and cache"
         " namespace in one redis-server, the same requests at the same moments, one side at"
         " a time; routing: 4 pods, L1 1.3x each pod's fair share of users; host tier: 1 pod,"
