@@ -54,6 +54,16 @@ class ArtifactError(KvrankError, OSError):
     """A model artifact directory is missing files or holds an invalid config (maps to 500)."""
 
 
+class DatasetError(KvrankError, OSError):
+    """A dataset file is missing, could not be downloaded, or is not the file it should be
+    (its hash or row count differs): the message names the file and what was expected."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path} {problem}")
+        self.path = path
+        self.problem = problem
+
+
 class ModelCheckError(ArtifactError):
     """A model failed a load-time cacheability check (see :mod:`kvrank.model.checks`): it
     is never served, and the pod stays un-ready naming the check."""

@@ -29,7 +29,7 @@ from kvrank.cache.tiered import (
     Tier,
     TieredCache,
 )
-from kvrank.cache.ttl import AdaptiveTTL, TTLSettings
+from kvrank.cache.ttl import AdaptiveTTL, IntervalTracker, TTLSettings, clamp_ttl
 
 __all__ = [
     "CONSTANT_LABELS",
@@ -42,6 +42,7 @@ __all__ = [
     "Creator",
     "Head",
     "HostStore",
+    "IntervalTracker",
     "KeyLock",
     "L1Store",
     "Lock",
@@ -55,6 +56,7 @@ __all__ = [
     "TTLSettings",
     "Tier",
     "TieredCache",
+    "clamp_ttl",
     "decode_entry",
     "encode_entry",
     "l1_and_redis",
