@@ -92,9 +92,10 @@ demo: venv ## Train or load the small model and show what the cache saves
 train: venv ## Train the quick model into artifacts/quick
 	$(VENV)/bin/kvrank train --out artifacts/quick
 
-train-movielens: venv ## Train and evaluate on MovieLens-100k (fetched once; ~30 min on 2 CPUs): reports/movielens-100k.json
+train-movielens: venv ## Train and evaluate the built-in and the example plugin model on MovieLens-100k (fetched once; ~40 min on 2 CPUs): reports/movielens-100k*.json
 	$(VENV)/bin/kvrank train --data movielens-100k --steps 1500 --batch-users 64 --time-budget 1800 \
 	  --out artifacts/movielens-100k --json reports/movielens-100k.json --plot reports/movielens-100k-ttl.png
+	$(PY) -m kvrank_sasrec.movielens --out artifacts/sasrec-movielens --json reports/movielens-100k-sasrec.json
 
 bench: venv ## Quick benchmark (CPU, < 1 min): reports/bench-quick.{json,png}
 	$(VENV)/bin/kvrank bench --profile quick --json reports/bench-quick.json --plot reports/bench-quick.png

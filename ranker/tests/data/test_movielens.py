@@ -164,3 +164,12 @@ def test_the_real_timeline_gives_a_hit_ratio_curve_and_the_ttl_kvrank_picks(
     real = ttl_curve(ml, 1.0)
     assert real["formula"]["mean_interval_s"] > 3_600
     assert real["formula"]["ttl_s"] == TTLSettings().max_seconds
+
+
+def test_the_example_plugin_is_measured_on_the_same_requests(tmp_path: Path) -> None:
+    from kvrank_sasrec.movielens import run
+
+    report = run(tmp_path / "sasrec", steps=60, seed=0, budget_s=120, eval_every=50)
+    assert report["requests"] == 200 and report["auc"] > 0.55, report
+    assert abs(report["int8"]["delta_auc"]) < 0.01 and report["int8"]["max_abs_logit_diff"] > 0
+    assert (tmp_path / "sasrec" / "config.json").is_file()
