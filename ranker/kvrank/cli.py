@@ -318,6 +318,14 @@ def loadtest(
         ),
     ] = None,
     pods: Annotated[int, typer.Option(min=1, help="Cache-enabled rankers sharing Redis.")] = 2,
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="replay: synthetic users, or movielens-100k (every real rating a request at"
+            " its timestamp, the clock compressed to --rate; serve a model trained with"
+            " kvrank train --data movielens-100k)."
+        ),
+    ] = "synthetic",
     scenario: Annotated[
         str,
         typer.Option(
@@ -354,7 +362,14 @@ def loadtest(
         "new_events_prob": new_events_prob,
         "history_fill": history_fill,
     }
-    run_loadtest(profile, model, json_out, knobs, pods)
+    if workload not in ("synthetic", "movielens-100k"):
+        raise typer.BadParameter("synthetic or movielens-100k", param_hint="--workload")
+    from kvrank.errors import WorkloadError
+
+    try:
+        run_loadtest(profile, model, json_out, knobs, pods, workload)
+    except WorkloadError as err:
+        raise typer.BadParameter(str(err), param_hint="--model") from err
 
 
 @app.command()

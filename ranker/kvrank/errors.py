@@ -64,6 +64,11 @@ class DatasetError(KvrankError, OSError):
         self.problem = problem
 
 
+class WorkloadError(KvrankError, ValueError):
+    """A load-test workload does not fit the model served (e.g. real MovieLens requests to a
+    model whose features are another's): the message names the fields."""
+
+
 class ModelCheckError(ArtifactError):
     """A model failed a load-time cacheability check (see :mod:`kvrank.model.checks`): it
     is never served, and the pod stays un-ready naming the check."""

@@ -187,3 +187,58 @@ def test_overload_scenario_compares_admission_control_with_none(tmp_path: Path, 
     assert off["server"]["shed"] == off["shed"] == 0 and off["server"]["dropped"] == 0
     # without admission control the queue computes answers for callers that had gone
     assert off["scored_but_not_received"] > shed["scored_but_not_received"]
+
+
+def test_the_real_timeline_is_a_workload_of_valid_growing_requests_at_the_stated_rate() -> None:
+    """MovieLens' ratings as requests: each accepted by the model's own schema, at times
+    compressed to the asked rate, a returning user's history the previous one plus the item
+    they just rated (what the cache extends), the true next item first among the candidates."""
+    from kvrank.data.movielens_features import MOVIELENS
+    from kvrank.model.features import check_candidates, check_user
+    from kvrank.model.onetrans import feature_spec
+    from kvrank.server.schemas import request_model, to_inputs
+    from kvrank.tools.timeline import timeline_requests
+
+    spec = feature_spec(MOVIELENS)
+    schema = request_model(spec)
+    replay = timeline_requests(MOVIELENS, count=200, rate_qps=25.0, candidates=20)
+    requests = replay.requests
+    assert len(requests) == 200 and requests[0].at_s == 0.0
+    assert [r.at_s for r in requests] == sorted(r.at_s for r in requests)
+    assert requests[-1].at_s == pytest.approx(199 / 25.0)
+    assert replay.workload["compression"] > 1_000  # seven months' ratings in seconds
+    last: dict[str, list[int]] = {}
+    for r in requests:
+        user, cands = to_inputs(schema.model_validate(r.body), spec)
+        check_user(spec, user)
+        check_candidates(spec, cands)
+        items = r.body["events"]["item_ids"]
+        assert r.returning == (r.user_id in last)
+        if r.returning and len(items) < MOVIELENS.max_events:
+            assert items[:-1] == last[r.user_id]  # one rating more than last time
+        last[r.user_id] = items
+    assert sum(r.returning for r in requests) > 150, "real users rate in sessions"
+
+
+def test_the_real_timeline_refuses_a_model_without_its_features() -> None:
+    from kvrank.errors import WorkloadError
+    from kvrank.model.config import QUICK
+    from kvrank.tools.timeline import timeline_requests
+
+    with pytest.raises(
+        WorkloadError, match=r"cand_dense=4 \(needs 2\), n_actions=4 \(needs >= 6\)"
+    ):
+        timeline_requests(QUICK, count=10, rate_qps=10.0, candidates=5)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_smoke_loadtest_on_the_real_timeline(tmp_path: Path, kvrank_cli) -> None:
+    out = tmp_path / "load.json"
+    kvrank_cli("loadtest", "--profile", "smoke", "--workload", "movielens-100k", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["errors"] == 0 and report["workload"]["source"].startswith("movielens-100k")
+    assert report["workload"]["formula_ttl_s"] > 0
+    # real users come back within the replay: most requests extend the previous entry
+    assert report["oracle_hit_ratio"] > 0.8
+    assert report["hit_ratio_vs_oracle"] > 0.8 and report["incremental_ratio"] > 0.5

@@ -128,6 +128,7 @@ def run_loadtest(
     json_out: Path | None,
     workload: dict[str, Any] | None = None,
     pods: int = 2,
+    source: str = "synthetic",
 ) -> dict[str, Any]:
     """``workload``: knobs that replace the profile's (``None`` values keep its own)."""
     from dataclasses import replace
@@ -135,8 +136,9 @@ def run_loadtest(
     from kvrank.tools.loadtest import PROFILES, run_load
 
     knobs = {k: v for k, v in (workload or {}).items() if v is not None}
-    run = run_load(profile, model, workload=replace(PROFILES[profile].workload, **knobs), pods=pods)
-    _print_load(run.summary, f"kvrank loadtest — {profile} profile")
+    settings = replace(PROFILES[profile].workload, **knobs)
+    run = run_load(profile, model, workload=settings, pods=pods, source=source)
+    _print_load(run.summary, f"kvrank loadtest — {profile} profile, {source} workload")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(run.summary, indent=2) + "\n")

@@ -26,11 +26,15 @@ from typing import Any
 
 import torch
 
+from kvrank.data.movielens_features import MOVIELENS
+from kvrank.errors import WorkloadError
 from kvrank.model.artifact import save_model
-from kvrank.model.config import QUICK
+from kvrank.model.config import QUICK, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import ProcessStack, scrape
 from kvrank.tools.replay import Result, replay, summarize, warm_up
+from kvrank.tools.timeline import NAME as TIMELINE
+from kvrank.tools.timeline import timeline_requests
 from kvrank.tools.workload import Request, Workload, WorkloadSettings, workload_model
 
 
@@ -58,14 +62,37 @@ class LoadRun:
     alone_results: list[Result]
 
 
-def model_dir_for(model: Path | None, workdir: Path) -> tuple[Path, str]:
-    """The artifact to serve: ``model`` if given, else a seed-fixed quick-size model."""
+def model_dir_for(
+    model: Path | None, workdir: Path, cfg: ModelConfig = QUICK, name: str = "quick"
+) -> tuple[Path, str]:
+    """The artifact to serve: ``model`` if given, else a seed-fixed model of ``cfg``."""
     if model is not None:
         return model, f"artifact {model}"
     torch.manual_seed(0)
     path = workdir / "model"
-    save_model(RankerModel(QUICK, "v1").eval(), path)
-    return path, "random init (seed 0), quick config"
+    save_model(RankerModel(cfg, "v1").eval(), path)
+    return path, f"random init (seed 0), {name} config"
+
+
+SOURCES = ("synthetic", TIMELINE)
+"""Where requests come from: the synthetic workload's users, or MovieLens' real timeline."""
+
+
+def _requests(
+    source: str, model: Path | None, workdir: Path, prof: LoadProfile, settings: WorkloadSettings
+) -> tuple[Path, str, list[Request], dict[str, Any]]:
+    """The artifact to serve, its origin, the requests and how the report describes them."""
+    if source == "synthetic":
+        model_dir, origin = model_dir_for(model, workdir)
+        work = Workload(workload_model(model_dir), settings)
+        return model_dir, origin, list(work.requests(prof.cache_requests)), settings.__dict__
+    model_dir, origin = model_dir_for(model, workdir, MOVIELENS, TIMELINE)
+    cfg = workload_model(model_dir)
+    if not isinstance(cfg, ModelConfig):
+        raise WorkloadError(f"the {TIMELINE} workload replays to the built-in model only")
+    rate, c = settings.rate_qps, settings.candidates
+    timeline = timeline_requests(cfg, prof.cache_requests, rate, c, settings.seed)
+    return model_dir, origin, timeline.requests, timeline.workload
 
 
 def _encodes(urls: list[str]) -> tuple[float, float]:
@@ -83,17 +110,18 @@ def run_load(
     on_result: Callable[[str, Result], None] | None = None,
     workload: WorkloadSettings | None = None,
     pods: int = 2,
+    source: str = "synthetic",
 ) -> LoadRun:
     """``workload`` replaces the profile's (request counts stay the profile's); ``pods``
-    cache-enabled rankers share one Redis."""
+    cache-enabled rankers share one Redis. ``source`` is one of :data:`SOURCES` (the
+    timeline takes its rate, candidates and seed from the workload settings)."""
     prof = PROFILES[profile]
     settings = workload or prof.workload
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
-    model_dir, origin = model_dir_for(model, tmp)
-    requests = list(Workload(workload_model(model_dir), settings).requests(prof.cache_requests))
+    model_dir, origin, requests, described = _requests(source, model, tmp, prof, settings)
     with ProcessStack(tmp / "stack") as stack:
         m = _measure(stack, model_dir, requests, prof.alone_requests, pods, on_result)
-    return LoadRun(_summary(profile, origin, settings, pods, m), m.cache, m.nocache, m.alone)
+    return LoadRun(_summary(profile, origin, described, pods, m), m.cache, m.nocache, m.alone)
 
 
 @dataclass(frozen=True)
@@ -160,7 +188,7 @@ def _measure(
 
 
 def _summary(
-    profile: str, origin: str, settings: WorkloadSettings, pods: int, m: _Measured
+    profile: str, origin: str, workload: dict[str, Any], pods: int, m: _Measured
 ) -> dict[str, Any]:
     cache, nocache, alone = summarize(m.cache), summarize(m.nocache), summarize(m.alone)
     full, incr = m.encodes
@@ -173,7 +201,7 @@ def _summary(
             " (no K/V cache); as many pods on the same threads, the same requests at the"
             " same moments"
         ),
-        "workload": settings.__dict__,
+        "workload": workload,
         "cache_pods": pods,
         "torch_threads_per_pod": m.threads,
         "hit_ratio": cache["hit_ratio"],
