@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvrank.bench import flops, peak
+from kvrank.bench import flops, peak, plots
 from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
@@ -452,13 +452,8 @@ def _print(r: dict[str, Any]) -> None:
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cs = sorted(r["per_candidates"], key=int)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plots.figure()
     for mode in r["modes"]:
         ax.plot(
             [int(c) for c in cs],
@@ -470,8 +465,4 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("p50 latency (ms, log)")
     ax.set_yscale("log")
     ax.set_title(f"kvrank bench — {r['profile']} profile on {r['machine']['device']}")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    plots.save(fig, ax, path)

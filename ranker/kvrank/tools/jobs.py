@@ -274,13 +274,11 @@ def run_demo(model_dir: Path, report_dir: Path) -> None:
 
 
 def _plot_demo(run: Any, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    from kvrank.bench import plots
+
+    fig, ax = plots.figure()
     for name, results in (
         ("with cache", run.cache_results),
         ("without cache (batched, same load)", run.nocache_results),
@@ -292,22 +290,16 @@ def _plot_demo(run: Any, out: Path) -> None:
     ax.set_xlabel("latency (ms, log)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("Scoring latency CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.savefig(out / "latency_cdf.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    plots.save(fig, ax, out / "latency_cdf.png")
 
     hits = np.array([r.outcome in ("l1", "l2", "incremental") for r in run.cache_results], float)
     window = max(10, len(hits) // 20)
     rolling = np.convolve(hits, np.ones(window) / window, mode="valid")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plots.figure()
     ax.plot(np.arange(len(rolling)) + window, rolling)
     ax.axhline(0.7, color="red", linestyle="--", label="0.7: below, TTL or routing is wrong")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("request")
     ax.set_ylabel(f"hit ratio (rolling {window})")
     ax.set_title("Cache hit ratio over time")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.savefig(out / "hit_ratio.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    plots.save(fig, ax, out / "hit_ratio.png")

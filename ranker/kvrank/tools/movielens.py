@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from kvrank.bench import plots
 from kvrank.bench.real_users import approximate_increments, compare, int8_entries, slid_targets
 from kvrank.bench.timeline import ttl_curve
 from kvrank.data import movielens
@@ -211,12 +212,7 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def _plot_timeline(timeline: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plots.figure()
     for t in timeline:
         line = ax.plot(
             [p["ttl_s"] for p in t["curve"]],
@@ -233,8 +229,4 @@ def _plot_timeline(timeline: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("cache TTL (s of the replay clock, log); ★ = the TTL kvrank picks")
     ax.set_ylabel("share of requests finding an entry")
     ax.set_title(f"{movielens.NAME}: every rating a request at its timestamp")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    plots.save(fig, ax, path)
