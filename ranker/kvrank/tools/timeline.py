@@ -48,7 +48,7 @@ def timeline_requests(
         pos_of[rows] = np.arange(len(rows))
     picked = np.flatnonzero(pos_of > 0)[:count]
     ts = data.ml.timestamp[picked].astype(np.float64)
-    compression = max((ts[-1] - ts[0]) * rate_qps / max(count - 1, 1), 1e-9)
+    compression = max(float(ts[-1] - ts[0]) * rate_qps / max(count - 1, 1), 1e-9)
     spec, seen, out = feature_spec(cfg), set[int](), []
     for row, at in zip(picked.tolist(), ts.tolist(), strict=True):
         user, pos = int(data.ml.user[row]), int(pos_of[row])
