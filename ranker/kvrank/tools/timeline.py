@@ -1,12 +1,14 @@
 """MovieLens-100k's real timeline as a load-test workload.
 
 Every rating becomes its user's ranking request at its timestamp: the history is everything
-the user rated before (the latest window of it), the candidates are the item they rated next
-plus items they never rated. A replay takes the first ``count`` such requests of the timeline
-with the clock compressed so they arrive at the profile's mean rate (the factor is stated in
-the report); a user's very first rating has no history to rank with, so it only starts their
-history. Real users bring what synthetic ones cannot: bursts of ratings seconds apart,
-sessions, and histories that grow by one event a request. Builds request bodies only.
+the user rated before (as a caller sends it; the model keeps its latest window), so each
+request's history is the previous one's plus one rating — the prefix the cache extends. The
+candidates are the item they rated next plus items they never rated. A replay takes the first
+``count`` such requests of the timeline with the clock compressed so they arrive at the
+profile's mean rate (the factor is stated in the report); a user's very first rating has no
+history to rank with, so it only starts their history. Real users bring what synthetic ones
+cannot: bursts of ratings seconds apart, sessions, and histories longer than the window.
+Builds request bodies only.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def timeline_requests(
         body = body_for(
             spec,
             f"ml{user}",
-            from_features(data.user(user, pos)),
+            from_features(data.user(user, pos, start=0)),
             from_candidates(data.candidates(items)),
         )
         out.append(Request((at - ts[0]) / compression, f"ml{user}", body, user in seen))
