@@ -362,9 +362,11 @@ def loadtest(
         "new_events_prob": new_events_prob,
         "history_fill": history_fill,
     }
-    if workload not in ("synthetic", "movielens-100k"):
-        raise typer.BadParameter("synthetic or movielens-100k", param_hint="--workload")
     from kvrank.errors import WorkloadError
+    from kvrank.tools.loadtest import SOURCES
+
+    if workload not in SOURCES:
+        raise typer.BadParameter(" or ".join(SOURCES), param_hint="--workload")
 
     try:
         run_loadtest(profile, model, json_out, knobs, pods, workload)

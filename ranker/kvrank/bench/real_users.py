@@ -68,12 +68,11 @@ def approximate_increments(
     that ends at it. ``targets`` must come from :func:`slid_targets`."""
     window, rows = data.cfg.max_events, []
     exact = movielens_scores(model, data, targets)
+    cands = [data.candidates(data.eval_items(t)) for t in targets]
     for n in increments:
         approx = [
-            model.score(
-                _extended(model, data, t, n, window), data.candidates(data.eval_items(t))
-            ).numpy()
-            for t in targets
+            model.score(_extended(model, data, t, n, window), c).numpy()
+            for t, c in zip(targets, cands, strict=True)
         ]
         rows.append({"increments": n, **compare(exact, approx)})
     return rows

@@ -93,8 +93,9 @@ def run_movielens(run: RealDataRun) -> dict[str, Any]:
     }
     if run.compact:
         compact = _train(MovieLensFeatures(data.ml, MOVIELENS_COMPACT), run, "compact model")
-        report["models"]["built-in compact"] = _metrics(movielens_scores(compact, data, targets))
-        report["shortcuts"]["compact"] = compare(fp32, movielens_scores(compact, data, targets))
+        compact_scores = movielens_scores(compact, data, targets)
+        report["models"]["built-in compact"] = _metrics(compact_scores)
+        report["shortcuts"]["compact"] = compare(fp32, compact_scores)
         report["shortcuts"]["compact"]["config"] = _shape(MOVIELENS_COMPACT)
     slid = _every_nth(slid_targets(data, data.eval_targets(), max(INCREMENTS)), run.slide_requests)
     report["shortcuts"]["approximate_increments"] = approximate_increments(
@@ -140,14 +141,8 @@ def _train(data: MovieLensFeatures, run: RealDataRun, title: str) -> RankerModel
     return model
 
 
-def _metrics(scores: list[np.ndarray]) -> dict[str, float]:
-    r = ranking_metrics(scores)
-    return {
-        "auc": r.auc,
-        "hr_at_10": r.hr_at_10,
-        "ndcg_at_10": r.ndcg_at_10,
-        "requests": r.requests,
-    }
+def _metrics(scores: list[np.ndarray]) -> dict[str, Any]:
+    return asdict(ranking_metrics(scores))
 
 
 def _shape(cfg: ModelConfig) -> dict[str, Any]:
