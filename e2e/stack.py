@@ -43,6 +43,7 @@ from localkube.network import POD_GATEWAY
 from localkube.processes import free_port, wait_for
 from localkube.tools import Cluster
 
+from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import save_model, save_ranker
 from kvrank.model.config import ModelConfig
 from kvrank.model.ranker import RankerModel
@@ -356,7 +357,10 @@ class Stack:
         headers: dict[str, str] | None = None,
         path: str = "/v1/score",
     ) -> httpx.Response:
-        """One request through the Service (``path``: another endpoint, ``/v1/prefetch``)."""
+        """One request through the Service (``path``: another endpoint, ``/v1/prefetch``),
+        the caller stating the deadline it waits for (``timeout``) as every ranking caller
+        should: the server's 5 s default is not what these callers wait."""
+        headers = {TIMEOUT_HEADER: str(int(timeout * 1000)), **(headers or {})}
         urls = self.routes(service)
         if not urls:
             raise AssertionError(f"service {service} has no ready endpoints\n{self.report()}")

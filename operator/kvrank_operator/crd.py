@@ -579,6 +579,16 @@ ADMISSION = _obj(
             "description": "Scoring requests one pod holds at once, waiting or computing;"
             " beyond it a request is refused (the rankers' default: 256).",
         },
+        "budgetShare": {
+            "type": "number",
+            "exclusiveMinimum": True,
+            "minimum": 0,
+            "maximum": 1,
+            "description": "The share of a request's remaining time a pod budgets for its"
+            " estimated wait and model work: a request is admitted only when both fit in it"
+            " (the rankers' default: 0.25; 1 admits up to the very deadline, where under a"
+            " spike most work ends too late).",
+        },
     },
     description="What one ranker pod takes on under a traffic spike. A field left out"
     " keeps the rankers' default; a change rolls the pods.",

@@ -266,12 +266,14 @@ class AdmissionSpec:
     mode: str | None = None
     default_timeout_ms: int | None = None
     max_inflight: int | None = None
+    budget_share: float | None = None
 
     def ranker_env(self) -> list[dict[str, str]]:
         named = (
             ("KVRANK_ADMISSION_MODE", self.mode),
             ("KVRANK_ADMISSION_DEFAULT_TIMEOUT_MS", self.default_timeout_ms),
             ("KVRANK_ADMISSION_MAX_INFLIGHT", self.max_inflight),
+            ("KVRANK_ADMISSION_BUDGET_SHARE", self.budget_share),
         )
         return [{"name": name, "value": str(v)} for name, v in named if v is not None]
 
@@ -414,6 +416,7 @@ def _admission(a: dict[str, Any]) -> AdmissionSpec:
         mode=a.get("mode"),
         default_timeout_ms=_int_or_none(a.get("defaultTimeoutMs")),
         max_inflight=_int_or_none(a.get("maxInflight")),
+        budget_share=None if a.get("budgetShare") is None else float(a["budgetShare"]),
     )
     if admission.mode is not None and admission.mode not in ADMISSION_MODES:
         raise SpecError(

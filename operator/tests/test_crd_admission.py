@@ -160,6 +160,11 @@ INVALID = [
         "spec.admission.defaultTimeoutMs",
     ),
     (
+        "no time budgeted for a request",
+        with_({"admission": {"budgetShare": 0}}),
+        "spec.admission.budgetShare",
+    ),
+    (
         "a shadow sample over 1",
         with_({"canary": {**CANARY, "shadow": {"sample": 1.5}}}),
         "spec.canary.shadow.sample",
@@ -187,7 +192,16 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         with_({"cache": {"redis": {"tls": True}}}),
         with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
         with_({"canary": PROGRESSIVE}),
-        with_({"admission": {"mode": "shed", "defaultTimeoutMs": 300, "maxInflight": 64}}),
+        with_(
+            {
+                "admission": {
+                    "mode": "shed",
+                    "defaultTimeoutMs": 300,
+                    "maxInflight": 64,
+                    "budgetShare": 0.5,
+                }
+            }
+        ),
     ],
     ids=[
         "minimal",

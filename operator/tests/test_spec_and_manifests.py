@@ -130,13 +130,14 @@ def test_admission_settings_reach_the_pods_as_the_rankers_own_and_only_when_set(
 
     model = {"version": "v1", "uri": "/models/v1"}
     assert ranker_env({"model": model}) == {}  # the rankers' defaults, the pods unchanged
-    admission = {"mode": "drop", "defaultTimeoutMs": 250, "maxInflight": 64}
+    admission = {"mode": "drop", "defaultTimeoutMs": 250, "maxInflight": 64, "budgetShare": 0.5}
     env = ranker_env({"model": model, "admission": admission})
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
         settings = load_config({}).admission
-    assert (settings.mode, settings.default_timeout_ms, settings.max_inflight) == ("drop", 250, 64)
+    got = (settings.mode, settings.default_timeout_ms, settings.max_inflight, settings.budget_share)
+    assert got == ("drop", 250, 64, 0.5)
 
 
 def test_a_default_spec_gives_pods_the_rankers_own_defaults() -> None:

@@ -81,6 +81,17 @@ class AdmissionSettings(BaseModel):
         description="Admitted scoring requests in the pod at once (waiting or computing);"
         " beyond it a request is shed. Bounds memory whatever the estimate says.",
     )
+    budget_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="The share of a request's remaining time the pod budgets for its"
+        " estimated wait and model work: a request is admitted only when both fit in it."
+        " The estimate comes from quiet-time model times and runs short under a spike (the"
+        " event loop takes CPU and lock time the model thread needs): admitted up to the"
+        " very deadline, most work ends after it, computed for nobody (under a 4x spike,"
+        " answered in time 0.2-0.3x capacity at 1, 0.6-0.96x at 0.2-0.3: docs/benchmarks.md).",
+    )
     cost_halflife: int = Field(
         32,
         ge=1,
@@ -259,12 +270,13 @@ class Admission:
     def _refuse_if_overloaded(self, deadline: Deadline) -> None:
         if self.inflight >= self.settings.max_inflight:
             self._shed("inflight", f"{self.inflight} requests in this pod (max_inflight)")
-        wait = self.estimated_wait_s()
-        if wait + self.cost_s > deadline.left_s():
+        wait, left = self.estimated_wait_s(), max(deadline.left_s(), 0.0)
+        if wait + self.cost_s > self.settings.budget_share * left:
             self._shed(
                 "deadline",
-                f"an estimated {wait * 1e3:.0f} ms wait leaves no time before the deadline"
-                f" ({max(deadline.left_s(), 0) * 1e3:.0f} ms left)",
+                f"an estimated {wait * 1e3:.0f} ms wait and {self.cost_s * 1e3:.0f} ms of model"
+                f" work exceed budget_share={self.settings.budget_share:g} of the"
+                f" {left * 1e3:.0f} ms left before the deadline",
             )
 
     def _shed(self, reason: str, why: str) -> None:

@@ -36,15 +36,25 @@ def test_a_request_that_would_wait_past_its_deadline_is_shed_before_any_work(clo
     admission = Admission(AdmissionSettings(), lambda: queued[0])
     measured(admission, clock, 0.05)
     queued[0] = 0.5  # half a second of model work ahead of the next request
-    with admission.admit(Deadline.after_ms(800, clock)):
-        pass  # 500 ms of wait + its own 50 ms fit in 800 ms
-    with pytest.raises(Overloaded) as shed, admission.admit(Deadline.after_ms(500, clock)):
+    with admission.admit(Deadline.after_ms(2_200, clock)):
+        pass  # 500 ms of wait + its own 50 ms fit in a quarter (budget_share) of 2,200 ms
+    with pytest.raises(Overloaded) as shed, admission.admit(Deadline.after_ms(2_000, clock)):
         pytest.fail("admitted")
     assert shed.value.reason == "deadline"
-    assert "500 ms wait" in str(shed.value)
+    assert "500 ms wait and 50 ms of model work exceed budget_share=0.25" in str(shed.value)
     assert shed.value.retry_after_s == 1
     assert admission.stats.shed == {"deadline": 1}
     assert admission.inflight == 0  # the shed one never counted
+
+
+def test_a_pod_that_budgets_the_whole_deadline_admits_up_to_it(clock) -> None:
+    queued = [0.5]
+    admission = Admission(AdmissionSettings(budget_share=1.0), lambda: queued[0])
+    measured(admission, clock, 0.05)
+    with admission.admit(Deadline.after_ms(560, clock)):
+        pass
+    with pytest.raises(Overloaded), admission.admit(Deadline.after_ms(540, clock)):
+        pytest.fail("admitted")
 
 
 def test_a_request_on_its_way_to_the_queue_counts_a_requests_worth_then_its_queued_work(
@@ -55,7 +65,7 @@ def test_a_request_on_its_way_to_the_queue_counts_a_requests_worth_then_its_queu
     measured(admission, clock, 0.05)
     with contextlib.ExitStack() as held:
         tickets = [
-            held.enter_context(admission.admit(Deadline.after_ms(1_000, clock))) for _ in range(10)
+            held.enter_context(admission.admit(Deadline.after_ms(10_000, clock))) for _ in range(10)
         ]
         assert admission.estimated_wait_s() == pytest.approx(0.5)  # parsing, reading Redis
         for ticket in tickets:

@@ -291,6 +291,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_CHECK_MODEL": "false",
         "KVRANK_DEVICE": "cpu",
         "KVRANK_ADMISSION_MODE": "drop",
+        "KVRANK_ADMISSION_BUDGET_SHARE": "0.5",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(

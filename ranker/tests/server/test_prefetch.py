@@ -80,7 +80,7 @@ def test_a_prefetch_is_shed_while_scoring_requests_would_wait(make_client, reque
     admission = client.app.state.kvrank.started.admission  # type: ignore[attr-defined]
     _, _, busy = request_for("busy")
     _, _, idle = request_for("idle")
-    admission.queued_work_s = lambda: 2.0  # two seconds of model work ahead
+    admission.queued_work_s = lambda: 1.0  # a second of model work ahead
     resp = client.post("/v1/prefetch", json=prefetch_body(busy))
     assert resp.status_code == 202 and resp.json()["status"] == "dropped", resp.text
     assert metric(client, "kvrank_prefetches_total", result="shed") == 1
