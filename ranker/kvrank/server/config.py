@@ -91,8 +91,10 @@ class ServerConfig(BaseSettings):
         0,
         ge=0,
         le=1024,
-        description="torch intra-op threads; 0: torch's default (one per core). Lower it when"
-        " several rankers share a host's cores.",
+        description="torch intra-op threads; 0: the CPUs the pod's cgroup quota allows"
+        " (rounded down, at least 1; every core when there is no quota), not torch's one"
+        " per core of the node, which under a CPU limit spin away the quota and throttle"
+        " the event loop with them.",
     )
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     kv_dtype: KVDType | None = None

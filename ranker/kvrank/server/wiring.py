@@ -23,6 +23,7 @@ from kvrank.cache import (
     RedisStore,
     l1_and_redis,
 )
+from kvrank.cpus import usable_cpus
 from kvrank.errors import ArtifactError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import load_ranker, resolve_artifact
@@ -38,8 +39,9 @@ log = logging.getLogger("kvrank.server")
 
 def build_service(cfg: ServerConfig) -> RankingService:
     """Everything a server needs."""
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
+    threads = cfg.torch_threads or usable_cpus()
+    torch.set_num_threads(threads)
+    log.info("torch intra-op threads: %d (%s)", threads, "set" if cfg.torch_threads else "quota")
     device = resolve_device(cfg.device)
     local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
     model = load_ranker(local, device)
