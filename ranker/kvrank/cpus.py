@@ -47,16 +47,16 @@ def cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> float
         found = _first([root / (v2 or "/").lstrip("/") / "cpu.max", root / "cpu.max"])
         if found is None:
             return None
-        quota, period = found.read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        max_us, period_us = found.read_text().split()[:2]
+        return None if max_us == "max" else int(max_us) / int(period_us)
     for mount in (root / "cpu", root / "cpu,cpuacct"):
         found = _first(
             [mount / (v1 or "/").lstrip("/") / "cpu.cfs_quota_us", mount / "cpu.cfs_quota_us"]
         )
         if found is not None:
-            quota = int(found.read_text())
+            quota_us = int(found.read_text())
             period = int((found.parent / "cpu.cfs_period_us").read_text())
-            return None if quota <= 0 else quota / period
+            return None if quota_us <= 0 else quota_us / period
     return None
 
 
