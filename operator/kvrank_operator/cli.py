@@ -207,6 +207,45 @@ def crd() -> None:
 
 
 @app.command()
+def render(
+    file: Annotated[
+        str,
+        typer.Option(
+            "--filename",
+            "-f",
+            help="RankerDeployment YAML (- for standard input); every document in it.",
+        ),
+    ],
+    namespace: Annotated[
+        str | None,
+        typer.Option(help="Namespace to render into (default: the document's, else default)."),
+    ] = None,
+    pod_monitor: Annotated[
+        bool, typer.Option(help="Add the PodMonitor an operator run with --pod-monitor adds.")
+    ] = False,
+) -> None:
+    """Print the objects the operator would apply for a RankerDeployment (its first pass;
+    Secrets' values redacted): for review, diffs and manifest linters. No cluster needed."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from kvrank_operator.errors import OperatorError
+    from kvrank_operator.render import render as build
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        monitoring = _pod_monitoring([], "30s") if pod_monitor else None
+        objects = [obj for doc in docs for obj in build(doc, namespace, monitoring)]
+    except (OSError, yaml.YAMLError, OperatorError) as exc:
+        typer.echo(f"kvrank-operator render: {file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+@app.command()
 def version() -> None:
     """Print the operator version."""
     typer.echo(__version__)

@@ -16,3 +16,12 @@ class SpecError(OperatorError, ValueError):
         super().__init__(f"spec.{field}: {problem}")
         self.field = field
         self.problem = problem
+
+
+class DocumentError(OperatorError, ValueError):
+    """A document given to ``render`` is not a RankerDeployment the operator would take;
+    ``field`` is its dotted path from the document's top."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field

@@ -1,0 +1,78 @@
+"""What the operator would apply for a RankerDeployment, without a cluster.
+
+The same pure builders the reconciler uses, for the spec as its first pass applies it (no
+rollout yet: a canary at its first step, out of the Service while it warms up; the TTL a
+fixed mode sets, none for ``auto`` until measured; a bundled router that routes to every
+version, as once their pods are ready). What the operator decides from what it observes —
+old versions removed, purge Jobs, a Redis cluster healed — is not here, nor the owner
+reference the API server's uid makes. Secrets keep their keys, never their values: the
+password and certificates are generated per cluster and create-only.
+
+For review, diffs and manifest linters (``make lint`` runs kube-score over every example).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from kvrank_operator import manifests as m
+from kvrank_operator.certs import redis_tls
+from kvrank_operator.errors import DocumentError
+from kvrank_operator.manifests.gateway import gateway_objects
+from kvrank_operator.manifests.router import router_objects
+from kvrank_operator.rollout import effective
+from kvrank_operator.spec import RankerSpec, parse_spec
+from kvrank_operator.ttl import next_ttl
+
+REDACTED = "<redacted: generated in the cluster>"
+KIND = ("kvrank.io/v1alpha1", "RankerDeployment")
+
+
+def render(
+    doc: Mapping[str, Any],
+    namespace: str | None = None,
+    monitoring: m.PodMonitoring | None = None,
+) -> list[dict[str, Any]]:
+    """The objects, in the order the operator applies them; raises
+    :class:`~kvrank_operator.errors.SpecError` naming a spec field the operator would
+    refuse, :class:`~kvrank_operator.errors.DocumentError` for a document that is not one."""
+    if (doc.get("apiVersion"), doc.get("kind")) != KIND:
+        got = f"{doc.get('apiVersion')}/{doc.get('kind')}"
+        raise DocumentError("kind", f"{got} is not a {KIND[1]} ({KIND[0]})")
+    meta = doc.get("metadata") or {}
+    if not meta.get("name"):
+        raise DocumentError("metadata.name", "required")
+    name, ns = str(meta["name"]), namespace or meta.get("namespace") or "default"
+    spec = parse_spec(doc.get("spec") or {})
+    live = effective(spec, None)
+    out = [
+        _redacted(d.obj) for d in m.desired_redis(spec, name, ns, REDACTED, _tls(spec, name, ns))
+    ]
+    out += [d.obj for d in m.desired_rankers(live, name, ns, next_ttl(None, None, live.ttl))]
+    if monitoring is not None:
+        out.append(m.pod_monitor(name, ns, monitoring))
+    if live.routing.mode == "bundled":
+        out += router_objects(live, name, ns, frozenset(v for v, _ in live.versions()))
+    elif live.routing.mode == "gateway":
+        out += gateway_objects(live, name, ns)
+    return out
+
+
+def _tls(spec: RankerSpec, name: str, ns: str) -> dict[str, str] | None:
+    r = spec.cache.redis
+    if r.mode != "managed" or not r.tls or r.tls_secret:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    return redis_tls(m.redis_name(name), m.tls_dns_names(name, ns), now)  # then redacted
+
+
+def _redacted(obj: dict[str, Any]) -> dict[str, Any]:
+    if obj["kind"] != "Secret":
+        return obj
+    out = dict(obj)
+    for field in ("data", "stringData"):
+        if field in out:
+            out[field] = {key: REDACTED for key in out[field]}
+    return out

@@ -1,0 +1,69 @@
+"""``make kube-score``: kube-score (built from its Go module) over the rendered chart and what
+the operator renders for every example. A new CRITICAL finding is reported naming its object
+and check and fails the run; a check on the ignore list is not reported; an ignore entry
+without a reason is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT = ROOT / "scripts" / "kube_score_lint.py"
+BAD = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: rootish, namespace: prod}
+spec:
+  selector: {matchLabels: {app: rootish}}
+  template:
+    metadata: {labels: {app: rootish}}
+    spec:
+      containers:
+        - name: app
+          image: example.invalid/app:1.0
+          securityContext: {runAsUser: 0, runAsGroup: 0}
+"""
+
+
+@pytest.fixture(scope="module")
+def tools() -> list[str]:
+    bins = {}
+    for name, script in (("kube-score", "scripts/build-kube-score.sh"),
+                         ("helm", "e2e/localkube/build.sh")):  # fmt: skip
+        out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True,
+                             check=True)  # fmt: skip
+        bins[name] = str(Path(out.stdout.strip().splitlines()[-1]) / name)
+    return ["--kube-score", bins["kube-score"], "--helm", bins["helm"]]
+
+
+def lint(tools: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(LINT), *tools, *args], capture_output=True, text=True
+    )
+
+
+def test_a_new_critical_finding_fails_naming_its_object_and_check(tools, tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    out = lint(tools, str(bad))
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = [r for r in out.stdout.splitlines() if "Deployment rootish" in r]  # runs as root
+    assert any(
+        r.startswith("CRITICAL") and " container-security-context-user-group-id " in r for r in rows
+    ), rows
+
+
+def test_an_ignored_check_is_not_reported_and_each_ignore_says_why(tools, tmp_path) -> None:
+    ignore = tmp_path / "ignore.yaml"
+    ignore.write_text("- check: pod-probes\n  reason: a test\n")
+    out = lint(tools, "--ignore", str(ignore))
+    assert out.returncode in (0, 1) and "kube-score:" in out.stdout, out.stderr
+    assert " pod-probes " not in out.stdout
+    assert " container-image-pull-policy " in out.stdout  # the repo's own list is not in force
+    ignore.write_text("- check: pod-probes\n  reason: ''\n")
+    refused = lint(tools, "--ignore", str(ignore))
+    assert refused.returncode != 0 and "'pod-probes' has no reason" in refused.stderr

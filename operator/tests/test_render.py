@@ -1,0 +1,84 @@
+"""``kvrank-operator render``: what the operator would apply for a RankerDeployment, printed
+without a cluster — every example renders, Secrets keep their keys but never a value, and a
+document the operator would refuse is refused naming the field. (That it is what the
+operator does apply is shown against a real API server in ``test_operator_process``.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvrank_operator.render import REDACTED
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+CLI = str(Path(sys.executable).parent / "kvrank-operator")
+
+
+def render(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, "render", *args], input=stdin, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_every_example_renders_its_rankers_and_no_secret_value(example: Path) -> None:
+    out = render("-f", str(example), "--namespace", "prod")
+    assert out.returncode == 0, out.stderr
+    objects = list(yaml.safe_load_all(out.stdout))
+    doc = yaml.safe_load(example.read_text())
+    name = doc["metadata"]["name"]
+    assert all(o["metadata"]["namespace"] == "prod" for o in objects)
+    deployments = [o for o in objects if o["kind"] == "Deployment" and "ranker" in str(o)]
+    versions = {doc["spec"]["model"]["version"], (doc["spec"].get("canary") or {}).get("version")}
+    want = {f"{name}-{v}" for v in versions if v}
+    assert want <= {d["metadata"]["name"] for d in deployments}
+    for secret in (o for o in objects if o["kind"] == "Secret"):
+        values = {**secret.get("data", {}), **secret.get("stringData", {})}
+        assert values and set(values.values()) == {REDACTED}, secret["metadata"]["name"]
+
+
+def test_the_same_spec_renders_the_same_objects() -> None:
+    (basic,) = (e for e in EXAMPLES if e.name == "basic.yaml")
+    assert render("-f", str(basic)).stdout == render("-f", "-", stdin=basic.read_text()).stdout
+
+
+def test_the_pod_monitor_is_added_on_request() -> None:
+    (basic,) = (e for e in EXAMPLES if e.name == "basic.yaml")
+    kinds = [
+        o["kind"] for o in yaml.safe_load_all(render("-f", str(basic), "--pod-monitor").stdout)
+    ]
+    assert kinds.count("PodMonitor") == 1
+    assert "PodMonitor" not in render("-f", str(basic)).stdout
+
+
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind: v1/ConfigMap"),
+        ("apiVersion: kvrank.io/v1alpha1\nkind: RankerDeployment\nspec: {}\n", "metadata.name"),
+        (
+            "apiVersion: kvrank.io/v1alpha1\nkind: RankerDeployment\nmetadata: {name: x}\n"
+            "spec: {model: {version: v1, uri: /m}, admission: {mode: queue}}\n",
+            "spec.admission.mode",
+        ),
+        (
+            "apiVersion: kvrank.io/v1alpha1\nkind: RankerDeployment\nmetadata: {name: x}\n"
+            "spec: {model: {version: v1, uri: /m}, canary: {version: v1, uri: /m}}\n",
+            "spec.canary",
+        ),
+        ("model: [unclosed\n", "while parsing"),
+    ],
+    ids=[
+        "not a RankerDeployment",
+        "no name",
+        "an unknown admission mode",
+        "canary = stable",
+        "not YAML",
+    ],
+)
+def test_a_document_the_operator_would_refuse_is_refused_naming_the_field(doc, named) -> None:
+    out = render("-f", "-", stdin=doc)
+    assert out.returncode == 2 and not out.stdout
+    assert named in out.stderr, out.stderr
