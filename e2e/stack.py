@@ -259,6 +259,10 @@ class Stack:
         # the node's GPUs are a fake extended resource (GPU-requesting pods schedule, as on a
         # GPU node); told they have one, rankers would exit for want of CUDA: they use the CPU
         spec["model"]["env"] = [{"name": "KVRANK_DEVICE", "value": "cpu"}]
+        # the examples size pods for a GPU node (cores, GiB); this node has 2 cores for all
+        # the pods of a run, so only the GPU is kept (the storage defaults still apply)
+        gpu = (spec["model"].get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")
+        spec["model"]["resources"] = {"limits": {"nvidia.com/gpu": gpu}} if gpu else {}
         cache = spec.setdefault("cache", {})
         cache["l1Bytes"] = 64 * 2**20
         # fp32 K/V: scores are then checked against the full forward pass at 1e-5 (bf16 and
@@ -270,6 +274,11 @@ class Stack:
             "replicasPerShard": 0,
             "memory": "256Mi",
             "image": self.images.redis,
+            # a token CPU request: a run's Redis pods must all fit the node's 2 cores
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "256Mi"},
+                "limits": {"memory": "256Mi"},
+            },
         }
         return doc
 

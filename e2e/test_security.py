@@ -1,4 +1,5 @@
-"""Security and bad input: only a ranker's pods reach its Redis, every pod runs under Pod
+"""Security and bad input: only a ranker's pods reach its Redis, only pods labelled for it a
+ranker's admin port, no other pod the operator; every pod runs under Pod
 Security ``restricted`` with no secret on a command line, and an invalid spec or artifact is
 refused with the field and the limit while what serves keeps serving."""
 
@@ -39,8 +40,8 @@ def http_status_from(stack: Stack, pod: str, url: str) -> str:
     return stack.kubectl("exec", "-n", NS, pod, "--", "python", "-c", code).strip()
 
 
-def test_the_network_policy_lets_only_its_rankers_reach_redis(
-    stack: Stack, rankers: Rankers
+def test_network_policies_let_only_rankers_reach_redis_and_only_admins_the_admin_port(
+    stack: Stack, rankers: Rankers, operator: OperatorRelease
 ) -> None:
     ranker = rankers.create("netpol")
     redis_ip = stack.must_get("pod", f"{ranker.name}-redis-0")["status"]["podIP"]
@@ -72,15 +73,26 @@ def test_the_network_policy_lets_only_its_rankers_reach_redis(
     stack.apply(outsider)
     try:
         stack.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/outsider", "--timeout=120s")
-        # the same pod reaches an unprotected pod (a ranker): only the policy stands in between
+        # an unlabelled pod scores (the ranker's port is open to all) but reaches neither
+        # Redis, nor the rankers' admin port, nor the operator
         ranker_ip = pod["status"]["podIP"]
         assert connect_from(stack, "outsider", ranker_ip, 8080) == "connected"
         assert connect_from(stack, "outsider", redis_ip, 6379) != "connected"
         assert connect_from(stack, pod["metadata"]["name"], redis_ip, 6379) == "connected"
-        # admin actions: on the pods' admin port, not through the scoring Service
         admin = f"http://{ranker_ip}:8081/admin/config"
+        assert connect_from(stack, "outsider", ranker_ip, 8081) != "connected"
+        operator_ip = operator.pods()[0]["status"]["podIP"]
+        for port in (8000, 8081):  # metrics, health
+            assert connect_from(stack, "outsider", operator_ip, port) != "connected", port
+        # labelled for it, the same pod reaches the admin port (the policy follows the label);
+        # admin actions never go through the scoring Service
+        stack.kubectl("label", "pod", "-n", NS, "outsider", "kvrank.io/ranker-admin=true")
+        stack.wait_for(
+            lambda: http_status_from(stack, "outsider", admin) == "200",
+            "the admin port open to a pod labelled kvrank.io/ranker-admin",
+            timeout=60,
+        )
         scoring = f"http://{ranker.name}.{NS}.svc:8080/admin/config"
-        assert http_status_from(stack, "outsider", admin) == "200"
         assert http_status_from(stack, "outsider", scoring) == "404"
     finally:
         stack.kubectl("delete", "pod", "-n", NS, "outsider", "--wait=false", check=False)

@@ -23,7 +23,7 @@ def test_images_run_as_a_numeric_non_root_user(docker: Docker, images: Images) -
     for ref, uid in (
         (images.ranker, 10001),
         (images.operator, 10001),
-        (images.redis, 999),
+        (images.redis, 10001),
         (images.router, 10001),
     ):
         config = docker.inspect(ref)["Config"]

@@ -172,6 +172,46 @@ def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:
     assert "helm.sh/chart" not in dep["spec"]["selector"]["matchLabels"]
 
 
+def test_the_operator_pods_are_ready_on_their_metrics_and_reachable_only_by_scrapers() -> None:
+    docs = render("--set", "test.rankerDeployment.name=feed")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    # readiness is what its Service carries (the metrics), liveness kopf's health
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    assert (
+        pod["securityContext"]["runAsUser"] > 10000 and pod["securityContext"]["runAsGroup"] > 10000
+    )
+    for part in ("requests", "limits"):
+        assert {"memory", "ephemeral-storage"} <= container["resources"][part].keys(), part
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    operator = policies["rel-kvrank-operator"]["spec"]
+    assert operator["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    scrapers, tests = operator["ingress"]
+    assert scrapers["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "prometheus"
+    }
+    assert scrapers["ports"] == [{"port": "metrics"}]
+    # the release's `helm test` pod is admitted to both ports it checks, and nothing else is
+    test_pod = next(d for d in docs if d["kind"] == "Pod")
+    assert (
+        tests["from"][0]["podSelector"]["matchLabels"].items()
+        <= test_pod["metadata"]["labels"].items()
+    )
+    assert {p["port"] for p in tests["ports"]} == {"metrics", "health"}
+    hooks = policies["rel-kvrank-operator-hooks"]["spec"]
+    assert (
+        hooks["ingress"] == [] and "test" in hooks["podSelector"]["matchExpressions"][0]["values"]
+    )
+    off = render(
+        "--set", "networkPolicy.enabled=false", "--set", "podDisruptionBudget.enabled=false"
+    )
+    assert not {"NetworkPolicy", "PodDisruptionBudget"} & {d["kind"] for d in off}
+
+
 def test_by_default_two_replicas_elect_one_leader_on_their_own_lease() -> None:
     docs = render()
     dep = next(d for d in docs if d["kind"] == "Deployment")

@@ -11,7 +11,7 @@ from spec_fragments import POD_KNOBS, SECRET_REF
 
 from kvrank_operator import manifests as m
 from kvrank_operator.errors import SpecError
-from kvrank_operator.spec import namespace_for, parse_spec
+from kvrank_operator.spec import namespace_for, parse_quantity, parse_spec
 from kvrank_operator.ttl import next_ttl, parse_interval_means, target_ttl
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -192,6 +192,83 @@ def test_managed_redis_objects() -> None:
     assert objs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
 
 
+def _container(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("resources", "requests", "limits"),
+    [
+        # nothing set: the storage a ranker writes, requested and bounded
+        ({}, {"ephemeral-storage": "1Gi"}, {"ephemeral-storage": "8Gi"}),
+        # a GPU and memory given: kept as they are, only the storage added
+        (
+            {"limits": {"nvidia.com/gpu": 1, "memory": "4Gi"}},
+            {"ephemeral-storage": "1Gi"},
+            {"nvidia.com/gpu": 1, "memory": "4Gi", "ephemeral-storage": "8Gi"},
+        ),
+        # a request above the default limit raises the limit to it (never limit < request)
+        (
+            {"requests": {"ephemeral-storage": "20Gi"}},
+            {"ephemeral-storage": "20Gi"},
+            {"ephemeral-storage": "20Gi"},
+        ),
+        # a limit alone is also the request: no default request is added next to it
+        ({"limits": {"ephemeral-storage": "2Gi"}}, None, {"ephemeral-storage": "2Gi"}),
+    ],
+)
+def test_rankers_get_the_storage_they_write_unless_the_user_sized_it(
+    resources: dict, requests: dict | None, limits: dict
+) -> None:
+    spec = parse_spec({"model": {"version": "v1", "uri": "https://m/v1", "resources": resources}})
+    dep = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")
+    got = _container(dep)["resources"]
+    assert got.get("requests") == requests and got["limits"] == limits
+    # the download folder is bounded by the same limit
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["emptyDir"]["sizeLimit"] == limits["ephemeral-storage"]
+
+
+def test_redis_requests_cpu_and_storage_unless_its_resources_say_otherwise() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    sts = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "StatefulSet")
+    res = _container(sts)["resources"]
+    memory = spec.cache.redis.memory
+    assert res["requests"] == {"memory": memory, "cpu": "100m", "ephemeral-storage": "64Mi"}
+    assert res["limits"]["memory"] == memory and res["limits"]["ephemeral-storage"].endswith("Mi")
+    # a replica's full sync writes up to the data set (memory) to disk, plus logs
+    assert int(res["limits"]["ephemeral-storage"][:-2]) * 2**20 > parse_quantity(memory)
+    own = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    spec = parse_spec({**example("basic.yaml"), "cache": {"redis": {"resources": own}}})
+    sts = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "StatefulSet")
+    assert _container(sts)["resources"]["requests"]["cpu"] == "2"
+    # uid and gid above 10000 (clear of the host's users), any redis image runs under them
+    security = sts["spec"]["template"]["spec"]["securityContext"]
+    assert security["runAsUser"] > 10000 and security["runAsGroup"] > 10000
+
+
+def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_nothing() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    rankers, deny = m.network_policies(spec, "feed", "prod")
+    assert rankers["spec"]["podSelector"]["matchLabels"] == m.ranker_selector("feed")
+    open_rule, admin_rule = rankers["spec"]["ingress"]
+    assert "from" not in open_rule  # scoring and probes: from anywhere
+    assert {p["port"] for p in open_rule["ports"]} == {"http", 8082}
+    assert admin_rule["ports"] == [{"port": 8081}]
+    assert admin_rule["from"] == [{"podSelector": {"matchLabels": {m.ADMIN_ACCESS_LABEL: "true"}}}]
+    # every pod of the instance: what no other policy allows is refused (the Jobs: all)
+    assert deny["spec"]["ingress"] == [] and deny["spec"]["policyTypes"] == ["Ingress"]
+    selector = deny["spec"]["podSelector"]["matchLabels"]
+    job = m.purge_job(spec, "feed", "prod", "v-v1")
+    bootstrap = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "Job")
+    for j in (job, bootstrap):
+        assert selector.items() <= j["spec"]["template"]["metadata"]["labels"].items()
+        assert _container(j)["resources"]["limits"]["ephemeral-storage"]
+    # applied with the rankers, in every pass
+    kinds = [d.kind for d in m.desired_rankers(spec, "feed", "prod", None)]
+    assert kinds.count("NetworkPolicy") == 2
+
+
 def test_purge_job_runs_kvrank_cache_purge() -> None:
     spec = parse_spec(example("basic.yaml"))
     job = m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-01T00:00:00Z")
@@ -270,7 +347,8 @@ def test_url_artifacts_get_a_writable_download_cache() -> None:
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["KVRANK_MODEL_DIR"] == "https://models.example/feed/v1"
     cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
-    assert cache == {"name": "model-cache", "emptyDir": {}}
+    # bounded by the container's ephemeral-storage limit (a node's disk is shared)
+    assert cache == {"name": "model-cache", "emptyDir": {"sizeLimit": "8Gi"}}
     mount = next(x for x in pod["containers"][0]["volumeMounts"] if x["name"] == "model-cache")
     assert env["KVRANK_MODEL_CACHE_DIR"] == mount["mountPath"]
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True

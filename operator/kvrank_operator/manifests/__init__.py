@@ -8,6 +8,7 @@ lists everything that should exist now (the reconcilers' apply sets).
 """
 
 from kvrank_operator.manifests.common import (
+    ADMIN_ACCESS_LABEL,
     CONFIG_FILE,
     REDIS_PORT,
     deployment_name,
@@ -28,6 +29,7 @@ from kvrank_operator.manifests.ranker import (
     PodMonitoring,
     config_map,
     deployment,
+    network_policies,
     pod_disruption_budget,
     pod_monitor,
     purge_job,
@@ -38,6 +40,7 @@ from kvrank_operator.manifests.redis import bootstrap_script, managed_redis, tls
 from kvrank_operator.manifests.router import pods_service, router_name, router_objects
 
 __all__ = [
+    "ADMIN_ACCESS_LABEL",
     "CONFIG_FILE",
     "POD_MONITOR_API",
     "PROMETHEUS_SELECTOR",
@@ -52,6 +55,7 @@ __all__ = [
     "desired_redis",
     "labels",
     "managed_redis",
+    "network_policies",
     "password_secret",
     "pod_disruption_budget",
     "pod_monitor",

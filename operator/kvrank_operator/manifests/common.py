@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvrank_operator.certs import CA_FILE
-from kvrank_operator.spec import RankerSpec, RedisSpec
+from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
 
 NAME = "kvrank-ranker"
 CONFIG_MOUNT = "/etc/kvrank"
@@ -18,13 +18,65 @@ TLS_DIR = "/run/redis-tls"
 """Where Redis pods mount their TLS Secret (and its clients only its ``ca.crt``)."""
 TLS_CA_FILE = f"{TLS_DIR}/{CA_FILE}"
 ADMIN_PORT = 8081
+"""The rankers' /admin/* port: on the pods only, never behind the scoring Service; the
+pods' NetworkPolicy admits only pods labelled :data:`ADMIN_ACCESS_LABEL` to it."""
 PROBE_PORT = 8082
 """The ranker's probes, answered on a thread of their own (never behind scoring work)."""
-"""The rankers' /admin/* port: on the pods only, never behind the scoring Service."""
-BOOTSTRAP_RESOURCES = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
-PURGE_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+ADMIN_ACCESS_LABEL = "kvrank.io/ranker-admin"
+"""A pod labelled ``kvrank.io/ranker-admin: "true"`` in a ranker's namespace may reach the
+rankers' admin port (invalidate a user, read the config in force); no other pod may."""
+JOB_STORAGE = {"ephemeral-storage": "16Mi"}, {"ephemeral-storage": "64Mi"}
+"""(requests, limits): the Jobs write nothing but their log."""
+BOOTSTRAP_RESOURCES = {
+    "requests": {"cpu": "50m", "memory": "32Mi", **JOB_STORAGE[0]},
+    "limits": {"memory": "128Mi", **JOB_STORAGE[1]},
+}
+PURGE_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "512Mi", **JOB_STORAGE[0]},
+    "limits": {"memory": "1Gi", **JOB_STORAGE[1]},
+}
 """``kvrank cache purge`` runs from the ranker image and loads torch with the cache code
 (about 700 MB resident, measured)."""
+
+
+def with_defaults(
+    resources: dict[str, Any], requests: dict[str, str], limits: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``resources`` (the user's) with the defaults for what the user left unset: a default
+    request only for a resource neither requested nor limited (a limit alone is also the
+    request), a default limit only where none is set, never below the request."""
+    out = {part: dict(amounts) for part, amounts in resources.items()}
+    req, lim = out.setdefault("requests", {}), out.setdefault("limits", {})
+    for name, amount in requests.items():
+        if name not in req and name not in lim:
+            req[name] = amount
+    for name, amount in (limits or {}).items():
+        if name not in lim:
+            floor = req.get(name)
+            lim[name] = floor if floor and _above(floor, amount) else amount
+    return {part: amounts for part, amounts in out.items() if amounts}
+
+
+def _above(a: str, b: str) -> bool:
+    """``a > b`` as quantities (a form this cannot read is taken as above: the user's)."""
+    try:
+        return parse_quantity(a) > parse_quantity(b)
+    except ValueError:
+        return True
+
+
+def network_policy(
+    name: str, namespace: str, meta_labels: dict[str, str], selector: dict[str, Any],
+    ingress: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    """An ingress NetworkPolicy (no rules: nothing may connect). Egress stays open: rankers
+    fetch artifacts and reach Redis, Jobs reach Redis, wherever those are."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": meta_labels},
+        "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:

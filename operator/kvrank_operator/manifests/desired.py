@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvrank_operator.manifests.ranker import config_map, deployment, pod_disruption_budget, services
+from kvrank_operator.manifests.ranker import (
+    config_map,
+    deployment,
+    network_policies,
+    pod_disruption_budget,
+    services,
+)
 from kvrank_operator.manifests.redis import managed_redis
 from kvrank_operator.spec import RankerSpec
 
@@ -32,8 +38,8 @@ def desired_rankers(
     spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None
 ) -> list[Desired]:
     """The serving side: the ranker ConfigMap (with the TTL in force), one Deployment per
-    live model version, the Services and the PodDisruptionBudget, in the order they are
-    applied."""
+    live model version, the Services, the PodDisruptionBudget and the NetworkPolicies (of the
+    rankers and the Jobs), in the order they are applied."""
     out = [Desired(config_map(spec, instance, namespace, ttl_s))]
     for version, role in spec.versions():
         uri, sha256 = spec.artifact_of(role)
@@ -44,6 +50,7 @@ def desired_rankers(
         out.append(Desired(dep))
     out += [Desired(svc) for svc in services(spec, instance, namespace)]
     out.append(Desired(pod_disruption_budget(instance, namespace)))
+    out += [Desired(policy) for policy in network_policies(spec, instance, namespace)]
     return out
 
 

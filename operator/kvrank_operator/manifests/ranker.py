@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from kvrank_operator.manifests.common import (
+    ADMIN_ACCESS_LABEL,
     ADMIN_PORT,
     CONFIG_FILE,
     CONFIG_MOUNT,
@@ -21,6 +22,7 @@ from kvrank_operator.manifests.common import (
     TLS_CA_FILE,
     deployment_name,
     labels,
+    network_policy,
     password_secret,
     ranker_selector,
     redis_url,
@@ -29,11 +31,16 @@ from kvrank_operator.manifests.common import (
     tls_ca_mount,
     tls_secret_name,
     version_labels,
+    with_defaults,
 )
 from kvrank_operator.spec import MODELS_MOUNT, ROUTING_HEADER, RankerSpec, namespace_for
 
 RANKER_UID = 10001
 """The ranker image's numeric user (images/ranker/Dockerfile)."""
+RANKER_STORAGE = {"ephemeral-storage": "1Gi"}, {"ephemeral-storage": "8Gi"}
+"""(requests, limits) unless the user sets them: a ranker writes its log and, for an artifact
+given by URL, the downloaded files (config and safetensors weights; the limit also bounds the
+download folder, so a model above ~7 GiB needs a larger one or a ``model.volume``)."""
 
 
 def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None) -> str:
@@ -198,12 +205,18 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
     ]
 
 
+def ranker_resources(spec: RankerSpec) -> dict[str, Any]:
+    """The user's ``model.resources`` with the ephemeral storage a ranker writes, unless set."""
+    return with_defaults(spec.model.resources, *RANKER_STORAGE)
+
+
 def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): config, a download folder, the model volume, the Redis password."""
+    download_limit = ranker_resources(spec)["limits"]["ephemeral-storage"]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{instance}-config"}},
         # artifacts given by URL are downloaded here (the root filesystem is read-only)
-        {"name": "model-cache", "emptyDir": {}},
+        {"name": "model-cache", "emptyDir": {"sizeLimit": download_limit}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
@@ -239,7 +252,7 @@ def _container(
             {"name": "probes", "containerPort": PROBE_PORT},
         ],
         "env": env,
-        "resources": spec.model.resources,
+        "resources": ranker_resources(spec),
         # on the probe port's own thread: a pod saturated by a spike stays ready (it sheds
         # what it cannot serve in time) and alive (its event loop still makes progress)
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "probes"}, "periodSeconds": 5},
@@ -298,6 +311,24 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
             }
         )
     return out
+
+
+def network_policies(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
+    """Every pod of ``instance`` accepts no connection but what a policy of its kind allows
+    (the Jobs, Redis bootstrap and cache purge, none); rankers: anyone may score and probe,
+    only pods labelled :data:`ADMIN_ACCESS_LABEL` reach the admin port. Redis' and the
+    router's policies are theirs."""
+    admins = {"podSelector": {"matchLabels": {ADMIN_ACCESS_LABEL: "true"}}}
+    rankers: list[dict[str, Any]] = [
+        {"ports": [{"port": "http"}, {"port": PROBE_PORT}]},
+        {"from": [admins], "ports": [{"port": ADMIN_PORT}]},
+    ]
+    every_pod = {"matchLabels": {"app.kubernetes.io/instance": instance}}
+    return [
+        network_policy(instance, namespace, labels(instance),
+                       {"matchLabels": ranker_selector(instance)}, rankers),
+        network_policy(f"{instance}-default-deny", namespace, labels(instance), every_pod, []),
+    ]  # fmt: skip
 
 
 def pod_disruption_budget(instance: str, namespace: str) -> dict[str, Any]:

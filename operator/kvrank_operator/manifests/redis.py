@@ -18,11 +18,16 @@ from kvrank_operator.manifests.common import (
     restricted_pod,
     tls_ca_mount,
     tls_secret_name,
+    with_defaults,
 )
 from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
 
-REDIS_UID = 999
-"""The redis image's numeric user (Debian's redis package)."""
+REDIS_UID = 10001
+"""The user Redis runs as (kvrank's redis image's; any redis image runs under it: the data
+folder is an emptyDir or volume the pod's fsGroup owns)."""
+REDIS_CPU = "100m"
+"""Requested unless ``resources`` name a CPU amount: a node's share for a cache server."""
+LOG_HEADROOM = 256 * 2**20
 AUTH_DIR = "/run/redis-auth"
 """A memory-backed emptyDir where the password becomes a config file redis-server includes:
 never on a command line (``/proc/*/cmdline`` is world-readable on the node), never on disk."""
@@ -216,8 +221,7 @@ def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
             {"name": "redis", "containerPort": REDIS_PORT},
             {"name": "bus", "containerPort": REDIS_PORT + 10000},
         ],
-        "resources": r.resources
-        or {"requests": {"memory": r.memory}, "limits": {"memory": r.memory}},
+        "resources": redis_resources(r),
         "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5},
         "volumeMounts": [
             {"name": "conf", "mountPath": "/conf"},
@@ -227,6 +231,17 @@ def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
         ],
         "securityContext": restricted_container(),
     }
+
+
+def redis_resources(r: RedisSpec) -> dict[str, Any]:
+    """Memory requested and limited to ``memory`` unless ``resources`` say otherwise; a CPU
+    request and the ephemeral storage it writes (its log, ``nodes.conf`` and, without
+    persistence, a replica's full-sync RDB: up to ``memory``) unless set."""
+    base = r.resources or {"requests": {"memory": r.memory}, "limits": {"memory": r.memory}}
+    storage = f"{(parse_quantity(r.memory) + LOG_HEADROOM) // 2**20}Mi"
+    return with_defaults(
+        base, {"cpu": REDIS_CPU, "ephemeral-storage": "64Mi"}, {"ephemeral-storage": storage}
+    )
 
 
 def _bootstrap_job(

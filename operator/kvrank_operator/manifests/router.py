@@ -47,9 +47,11 @@ from typing import Any
 from kvrank_operator.manifests.common import (
     deployment_name,
     labels,
+    network_policy,
     restricted_container,
     restricted_pod,
     version_labels,
+    with_defaults,
 )
 from kvrank_operator.spec import ROUTING_HEADER, RankerSpec
 
@@ -144,6 +146,10 @@ def router_objects(
     ]
     out += [_pods_service(spec, instance, namespace, v) for v, _ in spec.versions()]
     out.append(_router_deployment(spec, instance, namespace))
+    # callers score through it from anywhere; Prometheus and the probes read its stats port
+    open_ports = [{"ports": [{"port": "http"}, {"port": "stats"}]}]
+    selector = {"matchLabels": router_selector(instance)}
+    out.append(network_policy(name, namespace, labels(instance, "router"), selector, open_ports))
     out.append(
         {
             "apiVersion": "policy/v1",
@@ -190,8 +196,12 @@ def _router_deployment(spec: RankerSpec, instance: str, namespace: str) -> dict[
         ],
         "readinessProbe": {**routable, "failureThreshold": 2},
         "livenessProbe": {**live, "failureThreshold": 6, "initialDelaySeconds": 10},
-        "resources": r.resources
-        or {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": with_defaults(
+            r.resources
+            or {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+            {"ephemeral-storage": "64Mi"},  # Envoy writes its log only
+            {"ephemeral-storage": "256Mi"},
+        ),
         "securityContext": restricted_container(),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
