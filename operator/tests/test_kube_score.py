@@ -57,13 +57,25 @@ def test_a_new_critical_finding_fails_naming_its_object_and_check(tools, tmp_pat
     ), rows
 
 
+def test_the_shipped_manifests_have_no_critical_finding_outside_the_ignore_list(tools) -> None:
+    out = lint(tools)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 CRITICAL" in out.stdout and not out.stdout.startswith("CRITICAL")
+
+
 def test_an_ignored_check_is_not_reported_and_each_ignore_says_why(tools, tmp_path) -> None:
     ignore = tmp_path / "ignore.yaml"
-    ignore.write_text("- check: pod-probes\n  reason: a test\n")
+    ignore.write_text("- check: container-image-pull-policy\n  reason: a test\n")
     out = lint(tools, "--ignore", str(ignore))
-    assert out.returncode in (0, 1) and "kube-score:" in out.stdout, out.stderr
-    assert " pod-probes " not in out.stdout
-    assert " container-image-pull-policy " in out.stdout  # the repo's own list is not in force
-    ignore.write_text("- check: pod-probes\n  reason: ''\n")
+    assert out.returncode == 1 and "kube-score:" in out.stdout, out.stderr
+    assert " container-image-pull-policy " not in out.stdout
+    # the repo's own list (and its --ignore-container-cpu-limit) is not in force
+    assert any(
+        r.startswith("CRITICAL") and " container-resources " in r and "CPU limit" in r
+        for r in out.stdout.splitlines()
+    ), out.stdout
+    ignore.write_text("- check: container-image-pull-policy\n  reason: ''\n")
     refused = lint(tools, "--ignore", str(ignore))
-    assert refused.returncode != 0 and "'pod-probes' has no reason" in refused.stderr
+    assert (
+        refused.returncode != 0 and "'container-image-pull-policy' has no reason" in refused.stderr
+    )

@@ -69,13 +69,17 @@ def network_policy(
     name: str, namespace: str, meta_labels: dict[str, str], selector: dict[str, Any],
     ingress: list[dict[str, Any]],
 ) -> dict[str, Any]:  # fmt: skip
-    """An ingress NetworkPolicy (no rules: nothing may connect). Egress stays open: rankers
-    fetch artifacts and reach Redis, Jobs reach Redis, wherever those are."""
+    """An ingress NetworkPolicy (no rules: nothing may connect; the field is then left out,
+    as the API server stores it). Egress stays open: rankers fetch artifacts and reach Redis,
+    Jobs reach Redis, wherever those are."""
+    spec: dict[str, Any] = {"podSelector": selector, "policyTypes": ["Ingress"]}
+    if ingress:
+        spec["ingress"] = ingress
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": name, "namespace": namespace, "labels": meta_labels},
-        "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": spec,
     }
 
 
