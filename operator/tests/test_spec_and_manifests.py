@@ -269,6 +269,28 @@ def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_no
     assert kinds.count("NetworkPolicy") == 2
 
 
+def test_pods_that_call_no_api_get_no_service_account_token() -> None:
+    spec = parse_spec(example("basic.yaml"))
+    pods = [
+        m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable"),
+        m.purge_job(spec, "feed", "prod", "v-v1"),
+        *(
+            o
+            for o in m.managed_redis(spec, "feed", "prod", "pw")
+            if "template" in o.get("spec", {})
+        ),
+    ]
+    for obj in pods:
+        assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, obj["kind"]
+    # a ServiceAccount the user names may be there for its token (a plugin calling an API)
+    own = {**example("basic.yaml")}
+    own["model"] = {**own["model"], "pod": {"serviceAccountName": "feed-reader"}}
+    spec = parse_spec(own)
+    pod = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")["spec"]["template"]
+    assert "automountServiceAccountToken" not in pod["spec"]
+    assert pod["spec"]["serviceAccountName"] == "feed-reader"
+
+
 def test_purge_job_runs_kvrank_cache_purge() -> None:
     spec = parse_spec(example("basic.yaml"))
     job = m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-01T00:00:00Z")
@@ -418,7 +440,7 @@ def test_platform_knobs_reach_every_ranker_pod() -> None:
     assert "serviceAccountName" not in plain_pod and "imagePullSecrets" not in plain_pod
 
 
-def test_managed_redis_spreads_over_nodes_and_takes_scheduling_knobs() -> None:
+def test_managed_redis_spreads_over_nodes_and_zones_and_takes_scheduling_knobs() -> None:
     doc = example("basic.yaml")
     doc["cache"]["redis"].update(
         resources={"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
@@ -427,8 +449,10 @@ def test_managed_redis_spreads_over_nodes_and_takes_scheduling_knobs() -> None:
     )
     objs = {o["kind"]: o for o in m.managed_redis(parse_spec(doc), "feed", "prod", "pw")}
     pod = objs["StatefulSet"]["spec"]["template"]["spec"]
-    (spread,) = pod["topologySpreadConstraints"]
-    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert spread.keys() == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    # preferred, not required: a one-zone (or one-node) cluster still schedules them
+    assert {c["whenUnsatisfiable"] for c in spread.values()} == {"ScheduleAnyway"}
     assert pod["nodeSelector"] == {"pool": "cache"} and pod["tolerations"][0]["key"] == "cache"
     assert "affinity" not in pod
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == "500m"

@@ -83,6 +83,11 @@ def network_policy(
     }
 
 
+NO_API_TOKEN = {"automountServiceAccountToken": False}
+"""For pods that never call the Kubernetes API (rankers, Redis, the Jobs, the router): no
+ServiceAccount token mounted for a compromised process to use."""
+
+
 def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:
     """Pod-level security that Pod Security ``restricted`` admits."""
     ctx: dict[str, Any] = {

@@ -16,6 +16,7 @@ from kvrank_operator.manifests.common import (
     CONFIG_FILE,
     CONFIG_MOUNT,
     MODEL_CACHE_MOUNT,
+    NO_API_TOKEN,
     PASSWORD_FILE,
     PROBE_PORT,
     PURGE_RESOURCES,
@@ -177,6 +178,8 @@ def ranker_pod(
     ):
         if value:
             pod[key] = value
+    if not knobs.service_account_name:  # a named account may be there for its token
+        pod.update(NO_API_TOKEN)
     return pod
 
 
@@ -455,6 +458,7 @@ def purge_job(
                 "metadata": {"labels": labels(instance, "purge")},
                 "spec": {
                     "restartPolicy": "OnFailure",
+                    **NO_API_TOKEN,
                     "securityContext": restricted_pod(RANKER_UID),
                     "containers": [
                         {

@@ -9,6 +9,7 @@ from typing import Any
 from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
+    NO_API_TOKEN,
     REDIS_PORT,
     TLS_CA_FILE,
     TLS_DIR,
@@ -177,16 +178,18 @@ def _sts(r: RedisSpec, instance: str, rl: dict[str, str]) -> dict[str, Any]:
         "template": {
             "metadata": {"labels": rl},
             "spec": {
+                **NO_API_TOKEN,
                 "securityContext": restricted_pod(REDIS_UID, fs_group=REDIS_UID),
                 "containers": [_redis_container(r, name)],
-                # a shard and its replica on one node would fail together
+                # a shard and its replica on one node, or in one zone, would fail together
                 "topologySpreadConstraints": [
                     {
                         "maxSkew": 1,
-                        "topologyKey": "kubernetes.io/hostname",
+                        "topologyKey": key,
                         "whenUnsatisfiable": "ScheduleAnyway",
                         "labelSelector": {"matchLabels": rl},
                     }
+                    for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
                 ],
                 **{k: v for k, v in _scheduling(r).items() if v},
                 "volumes": [
@@ -277,6 +280,7 @@ def _bootstrap_job(
                 "metadata": {"labels": labels(instance, "redis-bootstrap")},
                 "spec": {
                     "restartPolicy": "OnFailure",
+                    **NO_API_TOKEN,
                     "securityContext": restricted_pod(REDIS_UID),
                     "containers": [container],
                     **({"volumes": [ca[0]]} if ca else {}),

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvrank_operator.manifests.common import (
+    NO_API_TOKEN,
     deployment_name,
     labels,
     network_policy,
@@ -206,6 +207,7 @@ def _router_deployment(spec: RankerSpec, instance: str, namespace: str) -> dict[
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     pod = {
+        **NO_API_TOKEN,
         "securityContext": restricted_pod(UID),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
