@@ -8,7 +8,7 @@ commands so that ``kvrank --help`` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -91,18 +91,9 @@ def train(
     if data == "movielens-100k":
         from kvrank.tools.movielens import RealDataRun, run_movielens
 
-        run_movielens(
-            RealDataRun(
-                out,
-                steps,
-                seed,
-                batch_users,
-                time_budget_s=time_budget,
-                eval_requests=eval_requests,
-                json_out=json_out,
-                plot=plot,
-            )
-        )
+        run = RealDataRun(out, steps, seed, batch_users, time_budget_s=time_budget,
+                          eval_requests=eval_requests, json_out=json_out, plot=plot)  # fmt: skip
+        run_movielens(run)
         return
     if data != "synthetic":
         raise typer.BadParameter("synthetic or movielens-100k", param_hint="--data")
@@ -339,35 +330,40 @@ def loadtest(
         int, typer.Option(min=1, max=60_000, help="overload: each caller's deadline.")
     ] = 1_000,
 ) -> None:
-    """Replay a workload against cache-enabled and cache-disabled servers, side by side
-    (the profile sets the workload; each option replaces one of its knobs); or, with
-    ``--scenario overload``, a traffic spike with and without admission control."""
-    from kvrank.tools.jobs import run_loadtest, run_overload_test
-
+    """A workload against cache-enabled and cache-disabled servers side by side (the profile
+    sets it, each option replaces a knob), or a spike with and without admission control."""
     if scenario == "overload":
+        from kvrank.tools.jobs import run_overload_test
+
         run_overload_test(model, json_out, factor, duration, deadline_ms, candidates or 100)
         return
     if scenario != "replay":
         raise typer.BadParameter("replay or overload", param_hint="--scenario")
-    if profile not in ("smoke", "quick", "full"):
-        raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
-    if arrival not in (None, "poisson", "bursty"):
-        raise typer.BadParameter("poisson or bursty", param_hint="--arrival")
-    knobs = {
-        "users": users,
-        "zipf_s": zipf,
-        "arrival": arrival,
-        "rate_qps": rate,
-        "candidates": candidates,
-        "new_events_prob": new_events_prob,
-        "history_fill": history_fill,
-    }
+    knobs = {"users": users, "zipf_s": zipf, "arrival": arrival, "rate_qps": rate,
+             "candidates": candidates, "new_events_prob": new_events_prob,
+             "history_fill": history_fill}  # fmt: skip
+    _replay(profile, model, json_out, knobs, pods, workload)
+
+
+def _replay(
+    profile: str,
+    model: Path | None,
+    json_out: Path | None,
+    knobs: dict[str, Any],
+    pods: int,
+    workload: str,
+) -> None:
+    """``loadtest --scenario replay``: the options checked, then the side-by-side run."""
     from kvrank.errors import WorkloadError
+    from kvrank.tools.jobs import run_loadtest
     from kvrank.tools.loadtest import SOURCES
 
+    if profile not in ("smoke", "quick", "full"):
+        raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
+    if knobs["arrival"] not in (None, "poisson", "bursty"):
+        raise typer.BadParameter("poisson or bursty", param_hint="--arrival")
     if workload not in SOURCES:
         raise typer.BadParameter(" or ".join(SOURCES), param_hint="--workload")
-
     try:
         run_loadtest(profile, model, json_out, knobs, pods, workload)
     except WorkloadError as err:

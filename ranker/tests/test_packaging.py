@@ -48,6 +48,25 @@ def test_bad_bench_profile_is_rejected() -> None:
     assert "profile must be one of" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["loadtest", "--scenario", "storm"], "--scenario"),
+        (["loadtest", "--profile", "huge"], "--profile"),
+        (["loadtest", "--arrival", "weekly"], "--arrival"),
+        (["loadtest", "--workload", "netflix"], "--workload"),
+        (["train", "--data", "netflix"], "--data"),
+        (["train", "--profile", "huge"], "--profile"),
+    ],
+)
+def test_a_bad_choice_is_refused_naming_its_option_before_anything_runs(
+    args: list[str], named: str
+) -> None:
+    out = run(str(BIN / "kvrank"), *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert named in out.stderr and "Traceback" not in out.stderr
+
+
 def test_serve_without_an_artifact_says_what_is_missing(tmp_path) -> None:
     out = run(str(BIN / "kvrank"), "serve", "--model", str(tmp_path / "nope"))
     assert out.returncode == 2
