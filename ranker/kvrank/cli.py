@@ -233,6 +233,39 @@ def _refuse(why: str, cause: BaseException | None = None) -> NoReturn:
     raise typer.Exit(code=2) from cause
 
 
+@app.command("example-request")
+def example_request(
+    directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],
+    user: Annotated[str, typer.Option(help="The request's user_id.")] = "user-1",
+    events: Annotated[int, typer.Option(min=1, max=10_000, help="Events in its history.")] = 20,
+    candidates: Annotated[int, typer.Option(min=1, max=10_000, help="Candidates.")] = 50,
+    seed: Annotated[int, typer.Option(help="Seed of the random ids and values.")] = 0,
+) -> None:
+    """Print a valid /v1/score body for this model: its own fields, ids inside its
+    vocabularies, random values (the same for a seed). E.g. `kvrank example-request
+    artifacts/quick > request.json`; without candidates it is a /v1/prefetch body."""
+    import json
+
+    import torch
+
+    from kvrank.errors import ArtifactError
+    from kvrank.model.artifact import load_ranker
+    from kvrank.model.features import example_candidates, example_user
+    from kvrank.server.schemas import body_for
+
+    try:
+        spec = load_ranker(directory).features
+    except ArtifactError as exc:
+        typer.secho(f"kvrank example-request: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
+    g = torch.Generator().manual_seed(seed)
+    user_input = example_user(spec, events, g)
+    body = body_for(spec, user, user_input, example_candidates(spec, candidates, g))
+    # dense values to 4 decimals: a body a person can read and edit
+    short = json.loads(json.dumps(body), parse_float=lambda text: round(float(text), 4))
+    typer.echo(json.dumps(short))
+
+
 @app.command("check-model")
 def check_model(
     directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],

@@ -1,16 +1,24 @@
 """A team's own model served end to end: the example SASRec plugin's request fields in the
 OpenAPI document, its cache outcomes, its scores equal to its no-cache reference, 422s naming
-its fields, and a model that cannot extend served by full encodes."""
+its fields, a model that cannot extend served by full encodes, and `kvrank example-request`
+printing a body each model scores."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
-from kvrank.model.artifact import load_ranker
+from kvrank.model.artifact import load_ranker, save_model
+from kvrank.model.config import QUICK
 from kvrank.model.contract import UserInput
 from kvrank.model.features import example_candidates, example_user
+from kvrank.model.ranker import RankerModel
 from kvrank.server.schemas import body_for
 
 
@@ -126,3 +134,43 @@ def test_kvrank_serve_runs_the_plugin_and_reports_its_device(spawn_server, sasre
     ready = httpx.get(f"{pod.url}/readyz").json()
     assert ready == {"status": "ready", "model_version": "s1", "device": "cpu"}
     assert pod.metric("kvrank_model_info", device="cpu") == 1.0
+
+
+@pytest.mark.parametrize("which", ["built-in", "plugin"])
+def test_example_request_prints_a_body_the_model_scores(
+    which: str, make_client, artifact, sasrec_artifact, kvrank_cli
+) -> None:
+    directory = artifact if which == "built-in" else sasrec_artifact
+    out = kvrank_cli("example-request", str(directory), "--user", "ann", "--candidates", "7")
+    body = json.loads(out.stdout)
+    assert body["user_id"] == "ann"
+    client = make_client(model_dir=str(directory))
+    resp = client.post("/v1/score", json=body)
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["scores"]) == 7
+    # the same seed, the same body (a request.json that stays put)
+    again = kvrank_cli("example-request", str(directory), "--user", "ann", "--candidates", "7")
+    assert again.stdout == out.stdout
+
+
+def test_example_request_without_an_artifact_says_so(tmp_path) -> None:
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "kvrank"), "example-request", str(tmp_path / "none")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "kvrank example-request:" in out.stderr and "none" in out.stderr
+
+
+def test_the_readmes_request_json_is_the_quick_models_example_request(
+    make_client, tmp_path, kvrank_cli
+) -> None:
+    """``examples/request.json`` (the README's curl) is what ``kvrank example-request``
+    prints for any model trained with the quick profile, and it is scored."""
+    quick = tmp_path / "quick"
+    save_model(RankerModel(QUICK, "v1").eval(), quick)
+    printed = kvrank_cli("example-request", str(quick)).stdout
+    shipped = (Path(__file__).resolve().parents[3] / "examples" / "request.json").read_text()
+    assert printed == shipped, "regenerate: kvrank example-request <quick artifact>"
+    resp = make_client(model_dir=str(quick)).post("/v1/score", json=json.loads(shipped))
+    assert resp.status_code == 200 and len(resp.json()["scores"]) == 50, resp.text
