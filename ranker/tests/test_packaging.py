@@ -31,7 +31,20 @@ def test_operator_is_still_the_standard_library() -> None:
 @pytest.mark.parametrize(
     ("script", "commands"),
     [
-        ("kvrank", ["serve", "bench", "train", "demo", "loadtest", "shadowtest", "cache"]),
+        (
+            "kvrank",
+            [
+                "serve",
+                "bench",
+                "train",
+                "demo",
+                "loadtest",
+                "shadowtest",
+                "cache",
+                "example-request",
+                "check-model",
+            ],
+        ),
         ("kvrank-operator", ["run", "version"]),
     ],
 )
