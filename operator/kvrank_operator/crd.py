@@ -43,7 +43,8 @@ _NAME = {
     "description": "A model version: lower-case DNS label characters, at most 42.",
 }
 QUANTITY_PATTERN = "^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
-"""Byte quantities the operator understands (``spec.parse_quantity``); ``2GB`` is not one."""
+"""Byte quantities the operator understands (the Kubernetes client's parse_quantity reads them;
+``spec.parse_quantity``); ``2GB`` is not one."""
 _QUANTITY = {
     "x-kubernetes-int-or-string": True,
     "anyOf": [{"type": "integer"}, {"type": "string"}],

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kubernetes.utils import parse_quantity as kubernetes_quantity
+
 from kvrank_operator.errors import SpecError
 
 DEFAULT_IMAGE = "ghcr.io/kvrank/ranker:0.1.0"
@@ -327,26 +329,10 @@ class RankerSpec:
         )
 
 
-_UNITS = {  # binary suffixes first: "Mi" must not be read as "M"
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-}
-
-
 def parse_quantity(quantity: str | int) -> int:
-    """Bytes in a Kubernetes-style quantity (``512Mi``, ``1.5Gi``, ``1073741824``); the
-    CRD admits only these forms. ``ValueError`` for anything else (``2GB``)."""
-    text = str(quantity)
-    for suffix, mult in _UNITS.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * mult)
-    return int(text)
+    """Bytes in a Kubernetes quantity (``512Mi``, ``1.5Gi``, ``1073741824``), as the
+    Kubernetes client reads it; ``ValueError`` for anything else (``2GB``)."""
+    return int(kubernetes_quantity(quantity))  # type: ignore[no-untyped-call]
 
 
 def namespace_for(version: str) -> str:
