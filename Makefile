@@ -16,7 +16,7 @@ PHASE := scripts/phase.sh
 
 CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
 
-IMAGE_TAG ?= 0.1.0
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The Dockerfiles' base; images/local-python-base.sh builds a stand-in where Docker Hub is unreachable.
 PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=

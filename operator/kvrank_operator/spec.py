@@ -15,10 +15,11 @@ from typing import Any, Literal
 
 from kubernetes.utils import parse_quantity as kubernetes_quantity
 
+from kvrank_operator import __version__
 from kvrank_operator.errors import SpecError
 
-DEFAULT_IMAGE = "ghcr.io/kvrank/ranker:0.1.0"
-ROUTER_IMAGE = "ghcr.io/kvrank/router:0.1.0"
+DEFAULT_IMAGE = f"ghcr.io/kvrank/ranker:{__version__}"
+ROUTER_IMAGE = f"ghcr.io/kvrank/router:{__version__}"
 ROUTING_HEADER = "X-KVRank-User"
 """The header callers put the user id in (the rankers' ``routing_header`` default)."""
 MODELS_MOUNT = "/models"

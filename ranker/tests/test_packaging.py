@@ -110,3 +110,26 @@ def test_the_version_is_printed_and_the_declared_license_ships() -> None:
     assert out.stdout.strip() == f"kvrank {importlib.metadata.version('kvrank')}"
     assert importlib.metadata.metadata("kvrank")["License-Expression"] == "Apache-2.0"
     assert "Apache License" in (Path(__file__).parents[2] / "LICENSE").read_text()
+
+
+def test_one_version_names_the_packages_the_images_and_the_chart() -> None:
+    import importlib.metadata
+    import tomllib
+
+    import yaml
+
+    import kvrank
+    import kvrank_operator
+    from kvrank_operator.spec import DEFAULT_IMAGE, ROUTER_IMAGE
+
+    root = Path(__file__).parents[2]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert importlib.metadata.version("kvrank") == declared
+    assert kvrank.__version__ == kvrank_operator.__version__ == declared
+    # the images the operator runs by default, and the tag `make images` gives them
+    assert DEFAULT_IMAGE.endswith(f":{declared}") and ROUTER_IMAGE.endswith(f":{declared}")
+    rule = "print-tag:\n\t@echo $(IMAGE_TAG)"
+    tag = run("make", "-s", "-C", str(root), "--eval", rule, "print-tag")
+    assert tag.stdout.strip() == declared, tag.stderr
+    chart = yaml.safe_load((root / "charts" / "kvrank-operator" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == declared  # the operator image's default tag
