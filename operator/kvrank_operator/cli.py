@@ -252,4 +252,17 @@ def version() -> None:
 
 
 def main() -> None:
-    app()
+    """The ``kvrank-operator`` entry point: a library missing from a base install is named
+    with the extra that brings it, not shown as a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        if (exc.name or "kvrank_operator").split(".")[0] == "kvrank_operator":
+            raise
+        typer.secho(
+            f"kvrank-operator: {exc.name} is not installed; the operator needs its extra:"
+            " pip install 'kvrank[operator]'",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise SystemExit(2) from exc

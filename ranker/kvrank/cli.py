@@ -484,4 +484,17 @@ def cache_invalidate(
 
 
 def main() -> None:
-    app()
+    """The ``kvrank`` entry point: a library missing from a base install is named with the
+    extra that brings it, not shown as a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        if (exc.name or "kvrank").split(".")[0] == "kvrank":
+            raise
+        typer.secho(
+            f"kvrank: {exc.name} is not installed; the data-plane commands need the ranker"
+            " extra: pip install 'kvrank[ranker]'",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise SystemExit(2) from exc

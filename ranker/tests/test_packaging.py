@@ -133,3 +133,27 @@ def test_one_version_names_the_packages_the_images_and_the_chart() -> None:
     assert tag.stdout.strip() == declared, tag.stderr
     chart = yaml.safe_load((root / "charts" / "kvrank-operator" / "Chart.yaml").read_text())
     assert chart["appVersion"] == declared  # the operator image's default tag
+
+
+@pytest.mark.parametrize(
+    ("blocked", "module", "argv", "extra"),
+    [
+        ("torch", "kvrank.cli", ["kvrank", "example-request", "/nowhere"], "kvrank[ranker]"),
+        ("kubernetes", "kvrank_operator.cli",
+         ["kvrank-operator", "render", "-f", "examples/basic.yaml"], "kvrank[operator]"),
+    ],
+)  # fmt: skip
+def test_a_command_whose_extra_is_not_installed_names_it(
+    blocked: str, module: str, argv: list[str], extra: str
+) -> None:
+    """As in a base install (``pip install kvrank``): the library is absent."""
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None; sys.argv = {argv!r}\n"
+        f"from {module} import main; main()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert blocked in out.stderr and extra in out.stderr and "Traceback" not in out.stderr
