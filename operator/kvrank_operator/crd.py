@@ -680,16 +680,25 @@ SPEC = _obj(
 STATUS = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 COLUMNS = [
-    {"name": "Ready", "type": "string", "jsonPath": ".status.readyText"},
-    {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
-    {"name": "Canary", "type": "string", "jsonPath": ".spec.canary.version"},
-    {"name": "Weight", "type": "integer", "jsonPath": ".status.canary.weight"},
-    {"name": "Phase", "type": "string", "jsonPath": ".status.canary.phase"},
-    {"name": "Step", "type": "string", "jsonPath": ".status.canary.stepText"},
-    {"name": "TTL", "type": "number", "jsonPath": ".status.ttl.seconds"},
-    {"name": "Hit-Ratio", "type": "number", "jsonPath": ".status.hitRatio"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
+    {"name": "Ready", "type": "string", "jsonPath": ".status.readyText",
+     "description": "Ready replicas of the serving versions / desired"},
+    {"name": "Version", "type": "string", "jsonPath": ".spec.model.version",
+     "description": "The stable model version"},
+    {"name": "Canary", "type": "string", "jsonPath": ".spec.canary.version",
+     "description": "The canary model version, while one rolls out"},
+    {"name": "Weight", "type": "integer", "jsonPath": ".status.canary.weight",
+     "description": "The canary's share of traffic now, in percent"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.canary.phase",
+     "description": "The canary's rollout: Starting, Warming, Progressing, Manual, ..."},
+    {"name": "Step", "type": "string", "jsonPath": ".status.canary.stepText",
+     "description": "A progressive rollout's step (n/total)"},
+    {"name": "TTL", "type": "number", "jsonPath": ".status.ttl.seconds",
+     "description": "The cache TTL in force, in seconds"},
+    {"name": "Hit-Ratio", "type": "number", "jsonPath": ".status.hitRatio",
+     "description": "Requests served from a cache / requests, as last measured"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+     "description": "Since the RankerDeployment was created"},
+]  # fmt: skip
 
 
 def crd() -> dict[str, Any]:
