@@ -38,6 +38,8 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
         ("statefulset", f"{name}-redis"),
         ("secret", f"{name}-redis-auth"),
         ("networkpolicy", f"{name}-redis"),
+        ("networkpolicy", name),
+        ("networkpolicy", f"{name}-default-deny"),
         ("job", f"{name}-redis-bootstrap"),
     ]
     for kind, obj_name in owned:
@@ -82,7 +84,9 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
     # `helm test`: the operator is healthy and this ranker's Service answers /readyz
     log = operator.helm_test(name)
     assert log.count("ok   200") == 3 and "FAIL" not in log, log
-    assert f"{name}.{NS}.svc:8080/readyz" in log, log
+    # status.url is where in-cluster callers score (the test pod reached /readyz there)
+    url = ranker.status()["url"]
+    assert url == f"http://{name}.{NS}.svc:8080" and f"ok   200 {url}/readyz" in log, log
 
 
 def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(

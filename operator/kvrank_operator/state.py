@@ -308,6 +308,8 @@ class Serving:
     replicas: int
     selector: str
     ready_text: str
+    url: str = ""
+    """Where callers in the cluster score: the shared Service's URL."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,8 @@ class Status:
             out["replicas"] = self.serving.replicas
             out["selector"] = self.serving.selector
             out["readyText"] = self.serving.ready_text
+            if self.serving.url:
+                out["url"] = self.serving.url
         if self.observed_generation is not None:
             out["observedGeneration"] = self.observed_generation
         return out
@@ -377,5 +381,9 @@ def _serving_from_storage(doc: Mapping[str, Any]) -> Serving | None:
         for v in doc.get("versions") or []
     )
     return Serving(
-        versions, int(doc.get("replicas") or 0), doc.get("selector", ""), doc.get("readyText", "")
+        versions,
+        int(doc.get("replicas") or 0),
+        doc.get("selector", ""),
+        doc.get("readyText", ""),
+        doc.get("url", ""),
     )

@@ -46,7 +46,9 @@ def test_a_status_reads_back_as_it_was_written() -> None:
         ttl=TTLStatus(4.5, 1.5, "2026-12-01T11:59:00Z", "pods"),
         hit_ratio=0.87,
         observed_at="2026-12-01T11:59:00Z",
-        serving=Serving((VersionStatus("v1", "stable", 2, 2),), 2, "a=b,c=d", "2/2"),
+        serving=Serving(
+            (VersionStatus("v1", "stable", 2, 2),), 2, "a=b,c=d", "2/2", "http://f.p.svc:8080"
+        ),
         observed_generation=3,
     )
     stored = status.for_storage()

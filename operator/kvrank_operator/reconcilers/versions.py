@@ -56,6 +56,7 @@ def _serving(p: Pass, live: RankerSpec, seen: Observed) -> Serving:
         replicas=live.model.replicas,
         selector=",".join(f"{k}={v}" for k, v in m.ranker_selector(p.instance.name).items()),
         ready_text=f"{sum(v.ready_replicas for v in versions)}/{total}",
+        url=f"http://{p.instance.name}.{p.instance.namespace}.svc:{live.port}",
     )
 
 
