@@ -5,9 +5,11 @@ session's cluster with the CRD this tree generates."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from spec_fragments import POD_KNOBS
 from test_chart_monitoring_admission import install_crds
 
@@ -220,6 +222,15 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
 def test_a_valid_spec_is_admitted(admit, spec) -> None:
     admitted, message = admit(spec)
     assert admitted, message
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_is_admitted(admit, path: Path) -> None:
+    admitted, message = admit(yaml.safe_load(path.read_text())["spec"])
+    assert admitted, f"{path.name}: {message}"
 
 
 def test_tls_of_a_live_managed_redis_cannot_change(cluster, admit) -> None:

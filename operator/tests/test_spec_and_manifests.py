@@ -22,6 +22,10 @@ def example(name: str) -> dict:
 
 
 def test_examples_parse() -> None:
+    pvc = parse_spec(example("pvc-model.yaml"))
+    assert pvc.model.volume["persistentVolumeClaim"]["claimName"] == "feed-models"
+    url = parse_spec(example("url-model.yaml"))
+    assert url.model.uri.startswith("https://") and url.model.sha256
     basic = parse_spec(example("basic.yaml"))
     assert basic.model.version == "v1" and basic.canary is None
     assert basic.cache.redis.mode == "managed" and basic.cache.redis.shards == 3
