@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins lint kube-score test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train train-movielens \
+.PHONY: help venv services kube-bins lint kube-score chart-readme test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train train-movielens \
         cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -134,6 +134,10 @@ helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 # Part of make lint: a CRITICAL finding outside lint/kube-score-ignore.yaml fails it.
 kube-score: venv ## kube-score over the rendered chart and what the operator renders for every example
 	$(PY) scripts/kube_score_lint.py --kube-score "$$(bash scripts/build-kube-score.sh)/kube-score" --helm "$(HELM)"
+
+chart-readme: ## Render the chart README's parameter tables from the @param tags in values.yaml
+	"$$(bash scripts/build-readme-generator.sh)/readme-generator" \
+	  -v charts/kvrank-operator/values.yaml -r charts/kvrank-operator/README.md
 
 crd: venv ## Regenerate the chart's CRD from kvrank_operator.crd
 	$(VENV)/bin/kvrank-operator crd > charts/kvrank-operator/crds/rankerdeployments.yaml

@@ -378,3 +378,20 @@ def test_the_dashboard_may_go_where_grafana_looks() -> None:
         render(*MONITORING, "--set", "monitoring.dashboard.namespace=grafana")
     )
     assert cm["metadata"]["namespace"] == "grafana"
+
+
+def test_the_chart_readme_lists_every_value_as_values_yaml_describes_it(tmp_path: Path) -> None:
+    """The README's parameter tables are what the readme generator renders from values.yaml
+    (run `make chart-readme` after adding or changing a value)."""
+    root = CHART.parents[1]
+    out = subprocess.run(["bash", str(root / "scripts" / "build-readme-generator.sh")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    generator = Path(out.stdout.strip().splitlines()[-1]) / "readme-generator"
+    readme = tmp_path / "README.md"
+    readme.write_text((CHART / "README.md").read_text())
+    run = subprocess.run(
+        [str(generator), "-v", str(CHART / "values.yaml"), "-r", str(readme)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr  # a value without its @param fails here
+    assert readme.read_text() == (CHART / "README.md").read_text(), "run make chart-readme"
