@@ -395,3 +395,26 @@ def test_the_chart_readme_lists_every_value_as_values_yaml_describes_it(tmp_path
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr  # a value without its @param fails here
     assert readme.read_text() == (CHART / "README.md").read_text(), "run make chart-readme"
+
+
+def test_names_and_namespace_can_be_overridden_and_redis_still_admits_the_operator() -> None:
+    from kvrank_operator.manifests.redis import OPERATOR_POD_LABEL, managed_redis
+    from kvrank_operator.spec import parse_spec
+
+    docs = render("--set", "fullnameOverride=ranking-op", "--set", "namespaceOverride=ops",
+                  "--set", "nameOverride=rkop")  # fmt: skip
+    namespaced = [d for d in docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")]
+    assert {d["metadata"].get("namespace") for d in namespaced} == {"ops"}
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert dep["metadata"]["name"] == "ranking-op"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "rkop"
+    # a managed Redis admits the operator by a label no override changes
+    spec = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}})
+    policy = next(o for o in managed_redis(spec, "f", "p", "x") if o["kind"] == "NetworkPolicy")
+    peers = policy["spec"]["ingress"][0]["from"]
+    operator = {"matchLabels": {OPERATOR_POD_LABEL: "true"}}
+    assert {"namespaceSelector": {}, "podSelector": operator} in peers
+    assert labels[OPERATOR_POD_LABEL] == "true"
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "ops"

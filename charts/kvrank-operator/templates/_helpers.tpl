@@ -1,15 +1,26 @@
-{{/* Chart name, cut to 63 characters (a DNS label). */}}
+{{/* Chart name (nameOverride replaces it), cut to 63 characters (a DNS label). */}}
 {{- define "kvrank-operator.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Fully qualified name: release + chart, unless the release already contains it. */}}
+{{/* Fully qualified name: fullnameOverride, else release + name unless the release already
+contains the name. */}}
 {{- define "kvrank-operator.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace everything goes in: namespaceOverride, else the release's. */}}
+{{- define "kvrank-operator.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{/* Selector labels: stable across upgrades (never the chart version). */}}

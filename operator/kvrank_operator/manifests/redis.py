@@ -29,6 +29,8 @@ folder is an emptyDir or volume the pod's fsGroup owns)."""
 REDIS_CPU = "100m"
 """Requested unless ``resources`` name a CPU amount: a node's share for a cache server."""
 LOG_HEADROOM = 256 * 2**20
+OPERATOR_POD_LABEL = "kvrank.io/operator"
+"""On the chart's operator pods: Redis admits them (they read every node's cluster state)."""
 AUTH_DIR = "/run/redis-auth"
 """A memory-backed emptyDir where the password becomes a config file redis-server includes:
 never on a command line (``/proc/*/cmdline`` is world-readable on the node), never on disk."""
@@ -303,7 +305,7 @@ def _network_policy(instance: str, rl: dict[str, str]) -> dict[str, Any]:
         }
         for c in ("ranker", "redis", "redis-bootstrap", "purge")
     ]
-    operator = {"matchLabels": {"app.kubernetes.io/name": "kvrank-operator"}}
+    operator = {"matchLabels": {OPERATOR_POD_LABEL: "true"}}  # the chart's operator pods
     peers.append({"namespaceSelector": {}, "podSelector": operator})
     return {
         "podSelector": {"matchLabels": rl},
