@@ -418,3 +418,26 @@ def test_names_and_namespace_can_be_overridden_and_redis_still_admits_the_operat
     assert labels[OPERATOR_POD_LABEL] == "true"
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "ops"
+
+
+def test_every_alert_links_to_its_section_of_the_troubleshooting_page() -> None:
+    """An on-call engineer's first click: each alert's runbook_url lands on a heading that
+    says what it means and what to do."""
+    docs = render(*MONITORING)
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    page = (CHART.parents[1] / "docs" / "troubleshooting.md").read_text()
+    # GitHub's anchors: a heading's text, lower case
+    anchors = {line[4:].strip().lower() for line in page.splitlines() if line.startswith("### ")}
+    base = "https://github.com/kvrank/kvrank/blob/main/docs/troubleshooting.md#"
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts
+    for alert in alerts:
+        url = alert["annotations"]["runbook_url"]
+        assert url == base + alert["alert"].lower(), url
+        assert alert["alert"].lower() in anchors, f"no section for {alert['alert']}"
+    own = render(
+        *MONITORING, "--set", "monitoring.rules.runbookBaseUrl=https://wiki.example/kvrank"
+    )
+    rule = next(d for d in own if d["kind"] == "PrometheusRule")
+    url = rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"]
+    assert url.startswith("https://wiki.example/kvrank#")

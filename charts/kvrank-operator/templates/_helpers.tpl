@@ -125,6 +125,7 @@ groups:
         labels:
           severity: warning
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankcachehitratiolow"
           summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: cache hit ratio {{`{{ $value | humanizePercentage }}`}}"
           description: "Fewer than {{ $r.hitRatioMin }} of the requests were served from a cache for {{ $r.hitRatioFor }}: every miss is a full user-side encode. Check the TTL in force (status.ttl), Redis (KvrankRedisBreakerOpen) and whether a new model version just rolled out."
       - alert: KvrankLatencyP99High
@@ -135,6 +136,7 @@ groups:
         labels:
           severity: warning
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvranklatencyp99high"
           summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: p99 scoring latency {{`{{ $value | humanizeDuration }}`}}"
           description: "The 99th percentile of kvrank_request_seconds (every cache outcome) is above {{ $r.p99Seconds }} s."
       - alert: KvrankRedisBreakerOpen
@@ -145,6 +147,7 @@ groups:
         labels:
           severity: critical
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankredisbreakeropen"
           summary: "{{`{{ $labels.namespace }}/{{ $labels.pod }}`}}: Redis unreachable, serving from L1 only"
           description: "The ranker's L2 circuit breaker is open: Redis failed repeatedly. Requests still succeed (a cache failure is a miss) but every pod encodes users on its own."
       - alert: KvrankRedisErrors
@@ -153,6 +156,7 @@ groups:
         labels:
           severity: warning
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankrediserrors"
           summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: {{`{{ $value | humanize }}`}} Redis errors/s"
           description: "Redis errors and timeouts above {{ $r.redisErrorsPerSecond }}/s (each one a cache miss)."
       - alert: KvrankFullEncodesSpike
@@ -163,6 +167,7 @@ groups:
         labels:
           severity: info
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankfullencodesspike"
           summary: "{{`{{ $labels.namespace }}/{{ $labels.app_kubernetes_io_instance }}`}}: full user encodes {{ $r.encodeSpikeFactor }}× the hour before"
           description: "Usually a new model version (an empty cache namespace) or a flushed Redis; expected after a rollout, worth a look otherwise."
   - name: kvrank.operator
@@ -173,6 +178,7 @@ groups:
         labels:
           severity: warning
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankttlnottuned"
           summary: "{{`{{ $labels.rankerdeployment_namespace }}/{{ $labels.rankerdeployment }}`}}: the TTL tuner reads no request intervals"
           description: "The TTLSource condition says why (PrometheusUnreachable, QueryFailed or NoData, with the query); the TTL in force stays as it was."
       - alert: KvrankCanaryAborted
@@ -180,6 +186,7 @@ groups:
         labels:
           severity: info
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankcanaryaborted"
           summary: "{{`{{ $labels.rankerdeployment_namespace }}/{{ $labels.rankerdeployment }}`}}: a canary was aborted"
           description: "Its cache namespace was retired and purged; the stable version serves all traffic."
       - alert: KvrankOperatorNoLeader
@@ -188,6 +195,7 @@ groups:
         labels:
           severity: critical
         annotations:
+          runbook_url: "{{ $r.runbookBaseUrl }}#kvrankoperatornoleader"
           summary: "No kvrank operator replica holds the Lease"
           description: "RankerDeployments are not reconciled: rollouts, purges, TTL tuning and Redis healing are stopped."
 {{- end -}}
