@@ -252,6 +252,31 @@ def _mismatches(want: Any, got: Any, path: str = "") -> list[str]:
     return [f"{path}: rendered {want!r}, applied {got!r}"]
 
 
+def _live(cluster, ns: str, obj: dict[str, Any]) -> dict[str, Any] | None:  # type: ignore[no-untyped-def]
+    group = obj["apiVersion"].rpartition("/")[0]
+    kind = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
+    got = cluster.kubectl("get", f"{kind}/{obj['metadata']['name']}", "-n", ns,
+                          "-o", "json", check=False)  # fmt: skip
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def _differences(cluster, ns: str, rendered: list[dict[str, Any]]) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every rendered field the applied object lacks or holds otherwise (Secrets: only
+    their keys, the values are generated in the cluster)."""
+    problems: list[str] = []
+    for obj in rendered:
+        applied = _live(cluster, ns, obj)
+        assert applied is not None
+        if obj["kind"] == "Secret":
+            keys = set(obj.get("stringData", {})) | set(obj.get("data", {}))
+            obj = {k: v for k, v in obj.items() if k not in ("data", "stringData")}
+            if not keys <= set(applied.get("data", {})):
+                problems.append(f"Secret {obj['metadata']['name']}: keys {keys}")
+        label = f"{obj['kind']} {obj['metadata']['name']}"
+        problems += [f"{label}{m}" for m in _mismatches(obj, applied)]
+    return problems
+
+
 def test_render_prints_what_the_operator_applies(cluster, tmp_path: Path) -> None:
     """``kvrank-operator render`` of the examples against what the operator applied for them
     on a real API server: every rendered object exists with every rendered field (Secrets:
@@ -261,33 +286,21 @@ def test_render_prints_what_the_operator_applies(cluster, tmp_path: Path) -> Non
     cli = str(Path(sys.executable).parent / "kvrank-operator")
     rendered: list[dict[str, Any]] = []
     with operator(cluster, ns, tmp_path) as op:
-        for example in ("basic.yaml", "canary.yaml"):
-            doc = yaml.safe_load((EXAMPLES / example).read_text())
-            doc["metadata"]["name"] = example.removesuffix(".yaml")
-            text = yaml.safe_dump(doc)
-            out = subprocess.run([cli, "render", "-f", "-", "--namespace", ns], input=text,
-                                 capture_output=True, text=True, check=True)  # fmt: skip
-            rendered += list(yaml.safe_load_all(out.stdout))
-            cluster.kubectl("apply", "-n", ns, "-f", "-", input=text)
-
-        def live(obj: dict[str, Any]) -> dict[str, Any] | None:
-            group = obj["apiVersion"].rpartition("/")[0]
-            kind = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
-            got = cluster.kubectl("get", f"{kind}/{obj['metadata']['name']}", "-n", ns,
-                                  "-o", "json", check=False)  # fmt: skip
-            return json.loads(got.stdout) if got.returncode == 0 else None
-
-        wait("every rendered object applied", lambda: all(live(o) for o in rendered), op.log, 90)
-    problems: list[str] = []
-    for obj in rendered:
-        applied = live(obj)
-        assert applied is not None
-        if obj["kind"] == "Secret":
-            keys = set(obj.get("stringData", {})) | set(obj.get("data", {}))
-            obj = {k: v for k, v in obj.items() if k not in ("data", "stringData")}
-            if not keys <= set(applied.get("data", {})):
-                problems.append(f"Secret {obj['metadata']['name']}: keys {keys}")
-        label = f"{obj['kind']} {obj['metadata']['name']}"
-        problems += [f"{label}{m}" for m in _mismatches(obj, applied)]
+        try:
+            for example in ("basic.yaml", "canary.yaml"):
+                doc = yaml.safe_load((EXAMPLES / example).read_text())
+                doc["metadata"]["name"] = example.removesuffix(".yaml")
+                text = yaml.safe_dump(doc)
+                out = subprocess.run([cli, "render", "-f", "-", "--namespace", ns], input=text,
+                                     capture_output=True, text=True, check=True)  # fmt: skip
+                rendered += list(yaml.safe_load_all(out.stdout))
+                cluster.kubectl("apply", "-n", ns, "-f", "-", input=text)
+            wait("every rendered object applied",
+                 lambda: all(_live(cluster, ns, o) for o in rendered), op.log, 90)  # fmt: skip
+            problems = _differences(cluster, ns, rendered)
+        finally:
+            # while the operator runs: it takes its finalizers off (left on, they would keep
+            # the namespace, and later the CRD, from ever being deleted)
+            cluster.kubectl("delete", "rkd", "--all", "-n", ns, "--timeout=120s")
     assert not problems, "\n".join(problems[:20])
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
