@@ -27,8 +27,6 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvrank.admission import TIMEOUT_HEADER
-
 log = logging.getLogger("kvrank.shadow")
 SHADOW_HEADER = "x-kvrank-shadow"
 """Marks a mirrored request: the receiving pod scores it but never mirrors it again."""
@@ -142,12 +140,7 @@ class ShadowMirror:
                     resp = await client.post(
                         f"{s.url.rstrip('/')}/v1/score",
                         content=body,
-                        headers={
-                            "content-type": "application/json",
-                            SHADOW_HEADER: "1",
-                            # the canary sheds what it could not answer before this gives up
-                            TIMEOUT_HEADER: str(max(1, int(s.timeout_ms))),
-                        },
+                        headers={"content-type": "application/json", SHADOW_HEADER: "1"},
                         timeout=s.timeout_ms / 1e3,
                     )
                     resp.raise_for_status()
