@@ -144,7 +144,8 @@ def ranker_pod(
 ) -> dict[str, Any]:
     """The pod of one version (its role's image): spread over nodes, the user's scheduling
     knobs applied."""
-    volumes, mounts = _volumes(spec, instance)
+    resources = ranker_resources(spec)
+    volumes, mounts = _volumes(spec, instance, resources["limits"]["ephemeral-storage"])
     knobs = spec.model.pod
     security = restricted_pod(knobs.run_as_user or RANKER_UID, fs_group=RANKER_UID)
     if knobs.run_as_group is not None:
@@ -154,7 +155,9 @@ def ranker_pod(
     pod: dict[str, Any] = {
         "securityContext": security,
         "containers": [
-            _container(spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts)
+            _container(
+                spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts, resources
+            )
         ],
         "volumes": volumes,
         "topologySpreadConstraints": [
@@ -213,9 +216,11 @@ def ranker_resources(spec: RankerSpec) -> dict[str, Any]:
     return with_defaults(spec.model.resources, *RANKER_STORAGE)
 
 
-def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): config, a download folder, the model volume, the Redis password."""
-    download_limit = ranker_resources(spec)["limits"]["ephemeral-storage"]
+def _volumes(
+    spec: RankerSpec, instance: str, download_limit: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): config, a download folder bounded by ``download_limit``, the model
+    volume, the Redis password."""
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{instance}-config"}},
         # artifacts given by URL are downloaded here (the root filesystem is read-only)
@@ -243,7 +248,11 @@ def _volumes(spec: RankerSpec, instance: str) -> tuple[list[dict[str, Any]], lis
 
 
 def _container(
-    spec: RankerSpec, image: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
+    spec: RankerSpec,
+    image: str,
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    resources: dict[str, Any],
 ) -> dict[str, Any]:
     return {
         "name": "ranker",
@@ -255,7 +264,7 @@ def _container(
             {"name": "probes", "containerPort": PROBE_PORT},
         ],
         "env": env,
-        "resources": ranker_resources(spec),
+        "resources": resources,
         # on the probe port's own thread: a pod saturated by a spike stays ready (it sheds
         # what it cannot serve in time) and alive (its event loop still makes progress)
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "probes"}, "periodSeconds": 5},
