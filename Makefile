@@ -62,7 +62,8 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 
 # The suite in two lanes side by side (see conftest.py): the cluster's and Docker's tests spend
 # most of their time waiting on pods, the rest on the CPU. Each lane's output is printed whole
-# when it ends, with its timing and its slowest tests.
+# when it ends, with its timing and its slowest tests. The rest lane holds a lock file while it
+# runs; the cluster scenarios that measure a pod's own CPU (quiet_host) wait for it.
 LANE_BASETEMP := /tmp/kvrank-tests
 
 test-only: ## Run the test suite only (services are started by fixtures)
@@ -74,6 +75,7 @@ test-lane-cluster test-lane-rest: test-lane-%:
 	@findmnt -rn -o TARGET | { grep -F "$(LANE_BASETEMP)/$*/" || true; } | sort -r | xargs -r umount -l
 	@mkdir -p $(LANE_BASETEMP)
 	@$(PHASE) pytest-$* env KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" \
+	  KVRANK_CPU_LANE_LOCK=$(LANE_BASETEMP)/cpu-lane.lock \
 	  KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
 	  $(PY) -m pytest -q --lane $* --basetemp $(LANE_BASETEMP)/$* --durations=15 --durations-min=20
 

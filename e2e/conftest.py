@@ -11,6 +11,7 @@
 Scenarios are independent and run in file order, except where the order is the point: the
 install/upgrade scenario (``lifecycle("first")``) starts on a cluster without kvrank, and
 the uninstall scenario (``lifecycle("last")``) removes the operator under every other one.
+Scenarios marked ``quiet_host`` (see the root conftest) run just before the last one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from rankers import Rankers
 from release import OperatorRelease
 from stack import Stack, stack_for
 
-LIFECYCLE = {"first": 0, "last": 2}
+LIFECYCLE = {"first": 0, "last": 3}
+QUIET = 2
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +63,14 @@ def rankers(stack: Stack, operator: OperatorRelease) -> Iterator[Rankers]:
 
 def _rank(item: pytest.Item) -> int:
     marker = item.get_closest_marker("lifecycle")
-    return LIFECYCLE[marker.args[0]] if marker else 1
+    if marker:
+        return LIFECYCLE[marker.args[0]]
+    return QUIET if item.get_closest_marker("quiet_host") else 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end scenarios in one block (where the first of them was), the lifecycle
-    ones first and last in it."""
+    ones first and last in it, the ``quiet_host`` ones just before the last."""
     scenarios = [item for item in items if item.get_closest_marker("e2e")]
     if not scenarios:
         return

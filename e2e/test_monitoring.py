@@ -231,6 +231,7 @@ def _answers(url: str) -> Counter[str]:
     )
 
 
+@pytest.mark.quiet_host
 def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus(
     stack: Stack, rankers: Rankers
 ) -> None:

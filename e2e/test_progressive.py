@@ -32,6 +32,7 @@ def progressive_spec(
     return ranker.with_canary(doc, canary, weight=None, **rollout)
 
 
+@pytest.mark.quiet_host
 def test_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_step(
     stack: Stack, rankers: Rankers
 ) -> None:

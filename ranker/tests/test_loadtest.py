@@ -43,7 +43,9 @@ def test_smoke_loadtest_reports_cache_effects(tmp_path: Path, kvrank_cli) -> Non
     assert report["hit_ratio_vs_oracle"] == pytest.approx(
         report["hit_ratio"] / report["oracle_hit_ratio"]
     )
-    assert report["hit_ratio_vs_oracle"] > 0.9
+    # 0.9-1.0 on a quiet machine; beside the cluster lane an encode can outlast the 10 ms a
+    # burst's next request waits for it (that request encodes too: a miss), seen down to 0.82
+    assert report["hit_ratio_vs_oracle"] > 0.75
     assert report["redis"] == "redis-server (local)"
     assert 0.5 < report["hit_ratio"] <= 1.0 and report["l2_hit_ratio"] > 0
     # 10 users: at most one full encode per user plus TTL/refresh re-encodes, never per request

@@ -15,18 +15,21 @@ from kvrank.server.state import AppState
 
 def test_readiness_follows_the_pod_and_liveness_the_event_loops_progress() -> None:
     state = AppState(ServerConfig())
-    probes = ProbeServer(state, "127.0.0.1", 0, stall_s=0.5).start()
+    # the loop's ticks are set by hand: "alive" is a tick within 5 s, "wedged" one 60 s old
+    # (a tighter bound would fail a test process that a loaded machine pauses for a while)
+    probes = ProbeServer(state, "127.0.0.1", 0, stall_s=5).start()
     url = f"http://127.0.0.1:{probes.port}"
     try:
         for path in ("/readyz", "/healthz"):  # loading: the startup probe waits
             assert httpx.get(f"{url}{path}", timeout=2).status_code == 503
         state.ready, state.serving_since = True, time.monotonic()
+        state.loop_seen = time.monotonic()
         assert httpx.get(f"{url}/readyz", timeout=2).json() == {"status": "ready"}
         assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
         state.ready = False  # draining: out of the Service, still alive
         assert httpx.get(f"{url}/readyz", timeout=2).status_code == 503
         assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        state.loop_seen -= 1.0  # no tick for a second: the loop is wedged
+        state.loop_seen -= 60.0  # no tick for a minute: the loop is wedged
         stalled = httpx.get(f"{url}/healthz", timeout=2)
         assert stalled.status_code == 503 and "stalled" in stalled.json()["status"]
         assert httpx.get(f"{url}/metrics", timeout=2).status_code == 404
