@@ -10,10 +10,7 @@ both: a check with too few samples, no data or NaN is **inconclusive**, never a 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
-import urllib.error
-import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
@@ -24,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
-from kvrank_operator.spec import CHECKS, Check, RankerSpec
+from kvrank_operator.prometheus import Prometheus, QueryError
+from kvrank_operator.spec import CHECKS, Check, PrometheusEndpoint, RankerSpec
 
 SCORE_ROUTE = "/v1/score"
 TIMEOUT_S = 3.0
@@ -180,9 +178,9 @@ class Windows:
         stable, canary, a = spec.model.version, spec.canary.version, spec.canary.analysis
 
         def read(key: str, since: dt.datetime) -> Window:
-            if a.source == "prometheus" and a.prometheus_url:
+            if a.source == "prometheus" and a.prometheus is not None:
                 seconds = (now - since).total_seconds()
-                return prometheus_window(a.prometheus_url, name, ns, stable, canary, seconds)
+                return prometheus_window(a.prometheus, name, ns, stable, canary, seconds)
             readings = read_pods(kube, spec, name, ns)
             opened = self._open.get(uid)
             if opened is None or opened[0] != key:
@@ -196,32 +194,38 @@ class Windows:
 
 
 def prometheus_window(
-    url: str, name: str, ns: str, stable: str, canary: str, seconds: float
+    endpoint: PrometheusEndpoint, name: str, ns: str, stable: str, canary: str, seconds: float
 ) -> Window:
     """Counts over the last ``seconds`` from Prometheus (the series a PodMonitor gives the
     ranker pods; see ``manifests.PROMETHEUS_SELECTOR``)."""
-    rng = f"[{max(1, int(seconds))}s]"
     window = Window()
-    for version, target in ((canary, window.canary), (stable, window.stable)):
-        sel = _selector(ns, name, model_version=version)
-        score = _selector(ns, name, model_version=version, route=SCORE_ROUTE)
-        queries = {
-            "requests": f"sum by (outcome) (increase(kvrank_requests_total{sel}{rng}))",
-            "responses": f"sum by (code) (increase(kvrank_http_responses_total{score}{rng}))",
-            "shadow": f"sum by (result) (increase(kvrank_shadow_requests_total{sel}{rng}))",
-            "topk": f"sum(increase(kvrank_shadow_topk_changed_total{sel}{rng}))",
-            **{
-                prefix: f"sum by (le) (increase({metric}{sel}{rng}))"
-                for metric, prefix in HISTOGRAMS.items()
-            },
-        }
-        for key, query in queries.items():
-            rows, problem = _query(url, query)
-            if problem is not None:
-                return Window(problem=problem)
-            for labels, value in rows:
-                _add_prometheus(target, key, labels, value)
+    with Prometheus(endpoint) as prometheus:
+        for version, target in ((canary, window.canary), (stable, window.stable)):
+            for key, query in _window_queries(ns, name, version, seconds).items():
+                try:
+                    rows = prometheus.query(query)
+                except QueryError as exc:
+                    return Window(problem=f"{exc.reason}: {exc.message}")
+                for labels, value in rows:
+                    _add_prometheus(target, key, labels, value)
     return window
+
+
+def _window_queries(ns: str, name: str, version: str, seconds: float) -> dict[str, str]:
+    """What :func:`prometheus_window` asks for one version: counter increases by label."""
+    rng = f"[{max(1, int(seconds))}s]"
+    sel = _selector(ns, name, model_version=version)
+    score = _selector(ns, name, model_version=version, route=SCORE_ROUTE)
+    return {
+        "requests": f"sum by (outcome) (increase(kvrank_requests_total{sel}{rng}))",
+        "responses": f"sum by (code) (increase(kvrank_http_responses_total{score}{rng}))",
+        "shadow": f"sum by (result) (increase(kvrank_shadow_requests_total{sel}{rng}))",
+        "topk": f"sum(increase(kvrank_shadow_topk_changed_total{sel}{rng}))",
+        **{
+            prefix: f"sum by (le) (increase({metric}{sel}{rng}))"
+            for metric, prefix in HISTOGRAMS.items()
+        },
+    }
 
 
 def _selector(ns: str, name: str, **labels: str) -> str:
@@ -244,19 +248,6 @@ def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -
     else:
         bucket = f"{key}:{_le(labels['le'])}"
         c[bucket] = c.get(bucket, 0.0) + value
-
-
-def _query(url: str, query: str) -> tuple[list[tuple[dict[str, str], float]], str | None]:
-    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-    try:
-        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as resp:
-            doc = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return [], f"Prometheus refused {query}: HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        return [], f"Prometheus at {url} unreachable: {exc}"
-    rows = doc.get("data", {}).get("result", [])
-    return [(r["metric"], float(r["value"][1])) for r in rows], None
 
 
 # --------------------------------------------------------------------------- checks

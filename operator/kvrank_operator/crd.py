@@ -202,13 +202,42 @@ MODEL = _obj(
 )
 
 _SHARE = {"type": "number", "minimum": 0, "maximum": 1}
+_FILE = {"type": "string", "pattern": "^/", "maxLength": 1024}
+_PROMETHEUS = _obj(
+    {
+        "url": {
+            "type": "string",
+            "pattern": r"^https?://[^\s]+$",
+            "maxLength": 1024,
+            "description": "The query API's base URL (/api/v1/query is appended).",
+        },
+        "bearerTokenFile": {
+            **_FILE,
+            "description": "A file in the operator's pod holding a bearer token, read at each"
+            " query (a rotated token is picked up): a Secret the chart mounts"
+            " (prometheusAuth.secretName), or the operator's own service-account token where"
+            " the proxy in front of Prometheus accepts it.",
+        },
+        "caFile": {
+            **_FILE,
+            "description": "A PEM bundle in the operator's pod that the server's certificate"
+            " must chain to (default: the system's CAs).",
+        },
+        "headers": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 1024},
+            "maxProperties": 16,
+            "description": "Sent with every query: a tenant (X-Scope-OrgID for Mimir, Cortex,"
+            " Thanos).",
+        },
+    },
+    ["url"],
+    description="Where to query and what reaching it takes.",
+)
 _PROMETHEUS_SOURCE = _obj(
     {
         "type": {"type": "string", "enum": ["pods", "prometheus"]},
-        "prometheus": _obj(
-            {"url": {"type": "string", "pattern": r"^https?://[^\s]+$", "maxLength": 1024}},
-            ["url"],
-        ),
+        "prometheus": _PROMETHEUS,
     },
     None,
     **{
@@ -500,10 +529,7 @@ TTL = _obj(
                     "enum": ["pods", "prometheus"],
                     "default": TTLSpec.source,
                 },
-                "prometheus": _obj(
-                    {"url": {"type": "string", "pattern": r"^https?://[^\s]+$", "maxLength": 1024}},
-                    ["url"],
-                ),
+                "prometheus": _PROMETHEUS,
             }
         ),
         "intervalSeconds": {

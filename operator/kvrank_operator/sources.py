@@ -7,17 +7,14 @@ why it could not (``Observed.problem``). It decides nothing: the TTL reconciler
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
-from kvrank_operator.spec import RankerSpec
+from kvrank_operator.prometheus import Prometheus, QueryError
+from kvrank_operator.spec import PrometheusEndpoint, RankerSpec
 from kvrank_operator.ttl import (
     CACHED_OUTCOMES,
     HIT_RATIO_METRIC,
@@ -75,47 +72,33 @@ def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     return Observed(_mean(means), _mean(ratios), problem)
 
 
-Problem = tuple[str, str]
-
-
-def instant_query(url: str, query: str) -> tuple[float | None, Problem | None]:
-    """One instant query's first value, or why there is none."""
-    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-    try:
-        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as resp:
-            doc = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:  # Prometheus answers a bad query with 400
-        return None, ("QueryFailed", f"{query}: HTTP {exc.code} from {url}")
-    except (OSError, ValueError) as exc:
-        return None, ("PrometheusUnreachable", f"{url}: {exc}")
-    results = doc.get("data", {}).get("result", [])
-    if not results:
-        return None, ("NoData", f"no series for {query} (is a PodMonitor scraping the pods?)")
-    value = float(results[0]["value"][1])
-    if not math.isfinite(value):  # 0/0 of a ratio of rates without traffic: NaN
-        return None, ("NoData", f"{query} is {value} (no requests in its window?)")
-    return value, None
-
-
 HIT_RATIO_WINDOW = "2m"
 """The hit ratio published is over this window (a lifetime ratio could not show a drop)."""
 
 
-def from_prometheus(url: str, name: str, ns: str) -> Observed:
+def from_prometheus(endpoint: PrometheusEndpoint, name: str, ns: str) -> Observed:
     sel = m.PROMETHEUS_SELECTOR.format(ns=ns, name=name)
     cached = f'{sel[:-1]},outcome=~"{"|".join(CACHED_OUTCOMES)}"}}'
     served = f'{sel[:-1]},outcome!="none"}}'
     window = HIT_RATIO_WINDOW
-    mean, problem = instant_query(url, f"avg({INTERVAL_METRIC}{sel} > 0)")
-    ratio, _ = instant_query(
-        url,
-        f"sum(rate({REQUESTS_METRIC}{cached}[{window}]))"
-        f" / sum(rate({REQUESTS_METRIC}{served}[{window}]))",
-    )
+    with Prometheus(endpoint) as prometheus:
+        mean, problem = _value(prometheus, f"avg({INTERVAL_METRIC}{sel} > 0)")
+        ratio, _ = _value(
+            prometheus,
+            f"sum(rate({REQUESTS_METRIC}{cached}[{window}]))"
+            f" / sum(rate({REQUESTS_METRIC}{served}[{window}]))",
+        )
     return Observed(mean, ratio, problem)
 
 
+def _value(prometheus: Prometheus, query: str) -> tuple[float | None, tuple[str, str] | None]:
+    try:
+        return prometheus.first_value(query), None
+    except QueryError as exc:
+        return None, (exc.reason, exc.message)
+
+
 def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
-    if spec.ttl.source == "prometheus" and spec.ttl.prometheus_url:
-        return from_prometheus(spec.ttl.prometheus_url, name, ns)
+    if spec.ttl.source == "prometheus" and spec.ttl.prometheus is not None:
+        return from_prometheus(spec.ttl.prometheus, name, ns)
     return from_pods(kube, spec, name, ns)

@@ -130,6 +130,21 @@ SHADOW_CHECKS = ("scoreDelta", "rankCorrelation", "topKChangedRatio")
 
 
 @dataclass(frozen=True)
+class PrometheusEndpoint:
+    """A Prometheus-compatible query API and what reaching it takes. The files are paths in
+    the operator's pod (a mounted Secret, or its own service-account token where the proxy
+    in front of Prometheus accepts it); the token is read at every query, so a rotated
+    token is picked up."""
+
+    url: str
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    """PEM bundle the server's certificate must chain to (the system's CAs when unset)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every query: a tenant (``X-Scope-OrgID`` for Mimir, Cortex, Thanos)."""
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     checks: dict[str, Check] = field(default_factory=dict)
     """metric name (a key of :data:`CHECKS`) → its threshold."""
@@ -137,7 +152,7 @@ class AnalysisSpec:
     """A step still without enough data this long after its pause ended aborts: no data is
     never a pass."""
     source: Literal["pods", "prometheus"] = "pods"
-    prometheus_url: str | None = None
+    prometheus: PrometheusEndpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +226,7 @@ class TTLSpec:
     max_seconds: float = 300.0
     jitter: float = 0.1
     source: Literal["pods", "prometheus"] = "pods"
-    prometheus_url: str | None = None
+    prometheus: PrometheusEndpoint | None = None
     interval_seconds: int = 30
     """How often the operator measures and, when it moved, rewrites the TTL."""
 
@@ -515,9 +530,9 @@ def _analysis(a: dict[str, Any]) -> AnalysisSpec:
         checks,
         int(a.get("inconclusiveTimeoutSeconds", AnalysisSpec.inconclusive_timeout_seconds)),
         src.get("type", AnalysisSpec.source),
-        (src.get("prometheus") or {}).get("url"),
+        _prometheus(src.get("prometheus")),
     )
-    if analysis.source == "prometheus" and not analysis.prometheus_url:
+    if analysis.source == "prometheus" and analysis.prometheus is None:
         raise SpecError(
             "canary.analysis.source.prometheus.url", "is required when the source is prometheus"
         )
@@ -591,6 +606,17 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
     )
 
 
+def _prometheus(p: dict[str, Any] | None) -> PrometheusEndpoint | None:
+    if not p or not p.get("url"):
+        return None
+    return PrometheusEndpoint(
+        p["url"],
+        p.get("bearerTokenFile"),
+        p.get("caFile"),
+        {str(k): str(v) for k, v in (p.get("headers") or {}).items()},
+    )
+
+
 def _ttl(t: dict[str, Any]) -> TTLSpec:
     src = t.get("source") or {}
     ttl = TTLSpec(
@@ -601,7 +627,7 @@ def _ttl(t: dict[str, Any]) -> TTLSpec:
         max_seconds=float(t.get("maxSeconds", TTLSpec.max_seconds)),
         jitter=float(t.get("jitter", TTLSpec.jitter)),
         source=src.get("type", TTLSpec.source),
-        prometheus_url=(src.get("prometheus") or {}).get("url"),
+        prometheus=_prometheus(src.get("prometheus")),
         interval_seconds=int(t.get("intervalSeconds", TTLSpec.interval_seconds)),
     )
     if ttl.mode == "fixed" and ttl.fixed_seconds is None:
@@ -610,7 +636,7 @@ def _ttl(t: dict[str, Any]) -> TTLSpec:
         raise SpecError(
             "ttl.minSeconds", f"{ttl.min_seconds} exceeds ttl.maxSeconds {ttl.max_seconds}"
         )
-    if ttl.source == "prometheus" and not ttl.prometheus_url:
+    if ttl.source == "prometheus" and ttl.prometheus is None:
         raise SpecError("ttl.source.prometheus.url", "is required when ttl.source is prometheus")
     return ttl
 

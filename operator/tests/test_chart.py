@@ -172,6 +172,24 @@ def test_operator_pod_is_non_root_and_uses_its_service_account() -> None:
     assert "helm.sh/chart" not in dep["spec"]["selector"]["matchLabels"]
 
 
+def test_prometheus_credentials_are_mounted_read_only_when_a_secret_is_named() -> None:
+    def operator_pod(*args: str) -> dict:
+        docs = render(*args)
+        return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+    plain = operator_pod()
+    assert "prometheus-auth" not in {v["name"] for v in plain["volumes"]}
+    pod = operator_pod("--set", "prometheusAuth.secretName=thanos-reader")
+    volume = next(v for v in pod["volumes"] if v["name"] == "prometheus-auth")
+    assert volume["secret"]["secretName"] == "thanos-reader"
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "prometheus-auth"]
+    assert mount == {
+        "name": "prometheus-auth",
+        "mountPath": "/var/run/secrets/kvrank/prometheus",
+        "readOnly": True,
+    }
+
+
 def test_the_operator_pods_are_ready_on_their_metrics_and_reachable_only_by_scrapers() -> None:
     docs = render("--set", "test.rankerDeployment.name=feed")
     dep = next(d for d in docs if d["kind"] == "Deployment")

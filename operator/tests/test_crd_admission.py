@@ -126,6 +126,20 @@ INVALID = [
         "spec.ttl.source.prometheus",
     ),
     (
+        "a relative Prometheus token file",
+        with_(
+            {
+                "ttl": {
+                    "source": {
+                        "type": "prometheus",
+                        "prometheus": {"url": "https://p:9091", "bearerTokenFile": "token"},
+                    }
+                }
+            }
+        ),
+        "spec.ttl.source.prometheus.bearerTokenFile",
+    ),
+    (
         "steps without any analysis check",
         with_({"canary": {**CANARY, "steps": [{"weight": 10}]}}),
         "spec.canary.analysis",
@@ -189,6 +203,21 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         with_({"cache": {"redis": {"memory": 1073741824}}}),
         with_({"canary": {"version": "v2", "uri": "https://models.example/v2"}}),
         with_({"ttl": {"mode": "fixed", "fixedSeconds": 30}}),
+        with_(
+            {
+                "ttl": {
+                    "source": {
+                        "type": "prometheus",
+                        "prometheus": {
+                            "url": "https://thanos-querier.openshift-monitoring.svc:9091",
+                            "bearerTokenFile": "/var/run/secrets/kvrank/prometheus/token",
+                            "caFile": "/var/run/secrets/kvrank/prometheus/ca.crt",
+                            "headers": {"X-Scope-OrgID": "ranking"},
+                        },
+                    }
+                }
+            }
+        ),
         with_({"cache": {"redis": {"mode": "external", "url": "rediss://r:6380", "tls": True}}}),
         {"model": {**VALID["model"], "pod": POD_KNOBS}},
         with_({"cache": {"redis": {"tls": True}}}),
@@ -211,6 +240,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "integer memory",
         "https canary",
         "fixed TTL",
+        "Prometheus behind auth",
         "TLS",
         "every pod knob",
         "managed TLS",

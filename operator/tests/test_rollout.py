@@ -33,7 +33,7 @@ from kvrank_operator.analysis import (
 )
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import merge_patch_between
-from kvrank_operator.spec import Check, parse_spec
+from kvrank_operator.spec import Check, PrometheusEndpoint, parse_spec
 from kvrank_operator.state import Rollout
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -362,7 +362,8 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
             shadow.rank.observe(rho)
             shadow.results["sent"].inc()
         time.sleep(3)
-        w = prometheus_window(prometheus.url, "feed", "prod", "v1", "v2", 60)
+        endpoint = PrometheusEndpoint(prometheus.url)
+        w = prometheus_window(endpoint, "feed", "prod", "v1", "v2", 60)
         assert w.problem is None
         # increase() extrapolates towards the window's end (up to ~half a scrape interval
         # per side, proportionally): counts come out a little above, ratios cancel that
@@ -374,7 +375,7 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
         results = {r.metric: r for r in evaluate(checks, w)}
         assert results["scoreDelta"].value is not None and results["scoreDelta"].value <= 1e-7
         assert results["errorRatio"].verdict == "fail"  # 10 % 5xx against a 1 % maximum
-        empty = prometheus_window(prometheus.url, "other", "prod", "v1", "v2", 60)
+        empty = prometheus_window(endpoint, "other", "prod", "v1", "v2", 60)
         assert empty.canary == {} and empty.problem is None  # no series: no data, no error
     finally:
         prometheus.stop()
@@ -382,8 +383,9 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
             server.shutdown()
             server.server_close()
             thread.join()
-    down = prometheus_window(f"http://127.0.0.1:{free_port()}", "feed", "prod", "v1", "v2", 60)
-    assert down.problem is not None and "unreachable" in down.problem
+    gone = PrometheusEndpoint(f"http://127.0.0.1:{free_port()}")
+    down = prometheus_window(gone, "feed", "prod", "v1", "v2", 60)
+    assert down.problem is not None and down.problem.startswith("PrometheusUnreachable")
 
 
 def test_status_patches_remove_what_a_new_rollout_no_longer_has() -> None:

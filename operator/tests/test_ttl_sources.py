@@ -15,27 +15,30 @@ import yaml
 
 from kvrank.tools.processes import PrometheusServer, free_port
 from kvrank_operator.manifests import config_map
+from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.reconcilers.base import Pass
 from kvrank_operator.reconcilers.ttl import reconcile as reconcile_ttl
 from kvrank_operator.reconcilers.ttl import source_condition
-from kvrank_operator.sources import Observed, from_prometheus, instant_query
-from kvrank_operator.spec import parse_spec
+from kvrank_operator.sources import Observed, from_prometheus
+from kvrank_operator.spec import PrometheusEndpoint, parse_spec
 from kvrank_operator.state import Condition, Instance, Status, with_conditions
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
     server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), {"scrape_configs": []})
     server.start()
     try:
-        yield server.url
+        yield PrometheusEndpoint(server.url)
     finally:
         server.stop()
 
 
-def test_no_series_is_no_data_naming_the_query_and_its_podmonitor_labels(prometheus: str) -> None:
+def test_no_series_is_no_data_naming_the_query_and_its_podmonitor_labels(
+    prometheus: PrometheusEndpoint,
+) -> None:
     seen = from_prometheus(prometheus, "feed", "prod")
     assert seen.mean_interval_s is None and seen.problem is not None
     reason, message = seen.problem
@@ -44,7 +47,7 @@ def test_no_series_is_no_data_naming_the_query_and_its_podmonitor_labels(prometh
 
 
 def test_an_unreachable_prometheus_says_so() -> None:
-    seen = from_prometheus(f"http://127.0.0.1:{free_port()}", "feed", "prod")
+    seen = from_prometheus(PrometheusEndpoint(f"http://127.0.0.1:{free_port()}"), "feed", "prod")
     assert seen.problem is not None and seen.problem[0] == "PrometheusUnreachable"
 
 
@@ -80,9 +83,9 @@ def _pass(spec: dict, status: Status) -> Pass:
 
 
 def test_the_tuner_measures_when_due_says_why_it_has_no_interval_and_waits_its_period(
-    prometheus: str,
+    prometheus: PrometheusEndpoint,
 ) -> None:
-    ttl = {"mode": "auto", "source": {"type": "prometheus", "prometheus": {"url": prometheus}}}
+    ttl = {"mode": "auto", "source": {"type": "prometheus", "prometheus": {"url": prometheus.url}}}
     spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": {**ttl, "intervalSeconds": 60}}
     p = _pass(spec, Status())
     tuned, report = reconcile_ttl(p, p.spec, None)
@@ -96,8 +99,10 @@ def test_the_tuner_measures_when_due_says_why_it_has_no_interval_and_waits_its_p
     assert not again.measured and waiting.conditions == () and waiting.due_in == 40
 
 
-def test_a_fixed_ttl_is_published_at_once_and_drops_the_source_condition(prometheus: str) -> None:
-    source = {"type": "prometheus", "prometheus": {"url": prometheus}}  # the hit ratio's
+def test_a_fixed_ttl_is_published_at_once_and_drops_the_source_condition(
+    prometheus: PrometheusEndpoint,
+) -> None:
+    source = {"type": "prometheus", "prometheus": {"url": prometheus.url}}  # the hit ratio's
     ttl = {"mode": "fixed", "fixedSeconds": 42, "source": source}
     spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": ttl}
     earlier = Condition("TTLSource", False, "NoData", "none", 2, "2026-11-30T11:00:00Z")
@@ -111,11 +116,16 @@ def test_a_fixed_ttl_is_published_at_once_and_drops_the_source_condition(prometh
     assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == 42
 
 
-def test_a_ratio_without_traffic_is_no_data_not_nan(prometheus: str) -> None:
+def test_a_ratio_without_traffic_is_no_data_not_nan(prometheus: PrometheusEndpoint) -> None:
     # a NaN in the status would make every status patch a 400 (JSON has no NaN)
-    value, problem = instant_query(prometheus, "vector(0) / vector(0)")
-    assert value is None and problem is not None and problem[0] == "NoData"
-    assert instant_query(prometheus, "vector(0.75)") == (0.75, None)
+    with Prometheus(prometheus) as client:
+        with pytest.raises(QueryError) as nan:
+            client.first_value("vector(0) / vector(0)")
+        assert nan.value.reason == "NoData"
+        assert client.first_value("vector(0.75)") == 0.75
+        with pytest.raises(QueryError) as bad:
+            client.first_value("sum(")
+        assert bad.value.reason == "QueryFailed" and "sum(" in bad.value.message
 
 
 def test_the_tuner_reads_the_names_a_ranker_exports() -> None:
