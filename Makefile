@@ -141,8 +141,9 @@ chart-readme: ## Render the chart README's parameter tables from the @param tags
 	"$$(bash scripts/build-readme-generator.sh)/readme-generator" \
 	  -v charts/kvrank-operator/values.yaml -r charts/kvrank-operator/README.md
 
-crd: venv ## Regenerate the chart's CRD from kvrank_operator.crd
+crd: venv ## Regenerate the chart's CRD and its reference page from kvrank_operator.crd
 	$(VENV)/bin/kvrank-operator crd > charts/kvrank-operator/crds/rankerdeployments.yaml
+	$(VENV)/bin/kvrank-operator crd --reference > docs/reference/rankerdeployment.md
 
 clean: ## Remove the venv and generated reports
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache

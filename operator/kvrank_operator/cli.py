@@ -197,8 +197,20 @@ def release_finalizers(
 
 
 @app.command()
-def crd() -> None:
+def crd(
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference", help="Print the reference page (Markdown) generated from the schema."
+        ),
+    ] = False,
+) -> None:
     """Print the RankerDeployment CRD as YAML (the chart's crds/ file is generated from it)."""
+    if reference:
+        from kvrank_operator.crd_reference import markdown
+
+        typer.echo(markdown(), nl=False)
+        return
     import yaml
 
     from kvrank_operator.crd import crd as build

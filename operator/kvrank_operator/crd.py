@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvrank_operator.crd_descriptions import described
 from kvrank_operator.spec import (
     ADMISSION_MODES,
     CHECKS,
@@ -746,7 +747,11 @@ def crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": _obj({"spec": SPEC, "status": STATUS}, ["spec"])},
+                    "schema": {
+                        "openAPIV3Schema": described(
+                            _obj({"spec": SPEC, "status": STATUS}, ["spec"])
+                        )
+                    },
                     "subresources": {
                         "status": {},
                         "scale": {
