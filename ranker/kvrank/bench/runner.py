@@ -34,6 +34,7 @@ from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConf
 from kvrank.model.inputs import UserFeatures
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
+from kvrank.progress import Bars, bars
 from kvrank.train import HELD_OUT_OFFSET, TrainSettings, auc, evaluate, held_out, train
 
 console = Console()
@@ -312,6 +313,25 @@ def _model_for(prof: Profile, device: str, model_dir: Path | None) -> tuple[Rank
     return RankerModel(prof.cfg, "bench").to(device).eval(), "random init (seed 0)"
 
 
+def _measure_all(
+    prof: Profile, device: str, counts: list[int] | None, model_dir: Path | None, shown: Bars
+) -> tuple[RankerModel, str, SyntheticWorld, dict[str, Any], dict[str, float]]:
+    """The model, then every mode at each candidate count, then INT8's quality: what takes
+    the time, one bar step each."""
+    cs = counts or prof.candidates
+    shown.add("bench", "the model", len(cs) + 2)
+    model, origin = _model_for(prof, device, model_dir)
+    world = SyntheticWorld(model.cfg, 0)
+    per_c = {}
+    for c in cs:
+        shown.advance("bench", description=f"every mode at C={c}")
+        per_c[str(c)] = _measure_c(model, world, c, prof)
+    shown.advance("bench", description="INT8 quality")
+    quality = _int8_quality(model, world, prof.eval_users)
+    shown.advance("bench")
+    return model, origin, world, per_c, quality
+
+
 def run_bench(
     profile: str,
     device: str,
@@ -327,10 +347,8 @@ def run_bench(
     none is given)."""
     prof = PROFILES[profile]
     start = time.monotonic()
-    model, origin = _model_for(prof, device, model_dir)
-    world = SyntheticWorld(model.cfg, 0)
-    per_c = {str(c): _measure_c(model, world, c, prof) for c in (counts or prof.candidates)}
-    quality = _int8_quality(model, world, prof.eval_users)
+    with bars() as shown:
+        model, origin, world, per_c, quality = _measure_all(prof, device, counts, model_dir, shown)
     compact = RankerModel(prof.compact, "bench").to(device).eval()
     kv_bytes = _kv_bytes(model, world)
     kv_bytes.update({f"{k}_compact": v for k, v in _kv_bytes(compact, world, "scoring").items()})

@@ -19,6 +19,7 @@ from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import save_model
 from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConfig
 from kvrank.model.ranker import RankerModel
+from kvrank.progress import bars
 from kvrank.train import TrainSettings, evaluate, held_out, train
 
 console = Console()
@@ -136,8 +137,24 @@ def run_loadtest(
     from kvrank.tools.loadtest import PROFILES, run_load
 
     knobs = {k: v for k, v in (workload or {}).items() if v is not None}
-    settings = replace(PROFILES[profile].workload, **knobs)
-    run = run_load(profile, model, workload=settings, pods=pods, source=source)
+    prof = PROFILES[profile]
+    settings = replace(prof.workload, **knobs)
+    sides = {
+        "cache": ("cached pods", prof.cache_requests),
+        "nocache": ("no-cache pods, batched", prof.cache_requests),
+        "alone": ("no-cache pod alone", prof.alone_requests),
+    }
+    with bars() as shown:
+        for name, (description, total) in sides.items():
+            shown.add(name, description, total)
+        run = run_load(
+            profile,
+            model,
+            workload=settings,
+            pods=pods,
+            source=source,
+            on_result=lambda side, _result: shown.advance(side),
+        )
     _print_load(run.summary, f"kvrank loadtest — {profile} profile, {source} workload")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -224,9 +241,16 @@ def _print_overload(summary: dict[str, Any]) -> None:
 def run_shadowtest(
     profile: str, sample: float, model: Path | None, json_out: Path | None
 ) -> dict[str, Any]:
+    from kvrank.tools.loadtest import PROFILES
     from kvrank.tools.shadowload import PODS, run_shadow_load
 
-    summary = run_shadow_load(profile, sample, model)
+    with bars() as shown:
+        shown.add(
+            "replay", "the same requests to every pod", PROFILES[profile].cache_requests * len(PODS)
+        )
+        summary = run_shadow_load(
+            profile, sample, model, on_result=lambda _r: shown.advance("replay")
+        )
     table = Table(title=f"kvrank shadowtest — {profile} profile, {sample:.0%} mirrored")
     for col in ("", *PODS):
         table.add_column(col, justify="right" if col else "left")

@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvrank.tools.loadtest import PROFILES, model_dir_for
 from kvrank.tools.processes import ProcessStack, free_port, scrape
-from kvrank.tools.replay import replay, summarize
+from kvrank.tools.replay import Result, replay, summarize
 from kvrank.tools.workload import Workload, workload_model
 
 PODS = ("off", "off_again", "shadow", "canary_down")
@@ -62,7 +63,9 @@ def run_shadow_load(
     sample: float = 0.2,
     model: Path | None = None,
     workdir: Path | None = None,
+    on_result: Callable[[Result], None] | None = None,
 ) -> dict[str, Any]:
+    """``on_result``: called with each answer as it comes (a progress bar)."""
     prof = PROFILES[profile]
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-shadow-")) if workdir is None else workdir
     model_dir, origin = model_dir_for(model, tmp)
@@ -88,7 +91,7 @@ def run_shadow_load(
         }
         requests = list(Workload(cfg, prof.workload).requests(prof.cache_requests))
         fanned = [r for r in requests for _ in PODS]  # request i goes to PODS[i % 4]
-        results = asyncio.run(replay(fanned, [urls[p] for p in PODS], 16 * len(PODS)))
+        results = asyncio.run(replay(fanned, [urls[p] for p in PODS], 16 * len(PODS), on_result))
         mirrored, canary_requests = _drained(urls, canary)
     per_pod = {pod: summarize([r for r in results if r.target == i]) for i, pod in enumerate(PODS)}
     off = per_pod["off"]
