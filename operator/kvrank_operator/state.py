@@ -306,6 +306,8 @@ class Serving:
 
     versions: tuple[VersionStatus, ...]
     replicas: int
+    """Ready ranker pods of every version: what the scale subresource reports as running
+    (an autoscaler compares it with what it asked for in ``spec.model.replicas``)."""
     selector: str
     ready_text: str
     url: str = ""

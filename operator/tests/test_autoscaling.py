@@ -6,6 +6,7 @@ subresource, and the metric they scale on is one the rankers export."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,11 @@ import yaml
 from test_chart_monitoring_admission import fetched_crds, install_crds, strict_dry_run
 
 from kvrank_operator.crd import API_VERSION, KIND, crd
+from kvrank_operator.reconcilers import versions
+from kvrank_operator.reconcilers.base import Pass
+from kvrank_operator.reconcilers.observe import Observed
+from kvrank_operator.spec import parse_spec
+from kvrank_operator.state import Instance, Status
 
 pytestmark = pytest.mark.kube
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "autoscaling"
@@ -46,6 +52,34 @@ def test_each_recipe_is_admitted_and_scales_the_ranker_deployment(admit, name: s
     assert (target["apiVersion"], target["kind"]) == (API_VERSION, KIND)
     scale = crd()["spec"]["versions"][0]["subresources"]["scale"]
     assert scale["specReplicasPath"] == ".spec.model.replicas"
+
+
+def test_the_scale_subresource_reports_the_replicas_that_are_ready() -> None:
+    """An autoscaler reads the scale's status.replicas as the pods running: while 4 are
+    asked for and 1 stable pod of 3 and no canary pod are Ready, it says 1, not 4."""
+    spec = parse_spec(
+        {
+            "model": {"version": "v1", "uri": "/m", "replicas": 4},
+            "canary": {"version": "v2", "uri": "/m2", "weight": 25},
+        }
+    )
+
+    def deployment(ready: int) -> dict[str, Any]:
+        return {"metadata": {"generation": 1}, "status": {"readyReplicas": ready}}
+
+    seen = Observed({"v1": deployment(1), "v2": deployment(0)}, {"v1", "v2"}, {}, set(), None)
+    now = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
+    p = Pass(None, Instance("feed", "prod", "uid-1", 1), spec, Status(), now)  # type: ignore[arg-type]
+    serving, _ = versions.reconcile(p, spec, seen)
+    assert [(v.version, v.replicas, v.ready_replicas) for v in serving.versions] == [
+        ("v1", 3, 1),
+        ("v2", 1, 0),
+    ]
+    assert serving.replicas == 1 and serving.ready_text == "1/4"
+    assert Status(serving=serving).for_storage()["replicas"] == 1
+    assert crd()["spec"]["versions"][0]["subresources"]["scale"]["statusReplicasPath"] == (
+        ".status.replicas"
+    )
 
 
 def test_a_scaled_object_the_crd_does_not_describe_is_refused(admit) -> None:

@@ -51,11 +51,12 @@ def _serving(p: Pass, live: RankerSpec, seen: Observed) -> Serving:
         for version, role in live.versions()
     )
     total = sum(v.replicas for v in versions)
+    ready = sum(v.ready_replicas for v in versions)
     return Serving(
         versions=versions,
-        replicas=live.model.replicas,
+        replicas=ready,
         selector=",".join(f"{k}={v}" for k, v in m.ranker_selector(p.instance.name).items()),
-        ready_text=f"{sum(v.ready_replicas for v in versions)}/{total}",
+        ready_text=f"{ready}/{total}",
         url=f"http://{p.instance.name}.{p.instance.namespace}.svc:{live.port}",
     )
 
