@@ -166,7 +166,7 @@ def test_a_canary_without_data_is_never_promoted(stack: Stack, rankers: Rankers)
     )
     removed = progressive_spec(ranker, "v1", None, redis=False)
     for doc, why, traffic_on in (
-        (unreachable, "unreachable", True),
+        (unreachable, "PrometheusUnreachable", True),
         (quiet, "0/10 samples", False),
     ):
         ranker.apply(doc)
