@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-venv prepare-kube-bins lint kube-score chart-readme test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train train-movielens \
         cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -54,15 +54,24 @@ lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the wo
 
 test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what was started
 	@$(PHASE) services $(MAKE) --no-print-directory services
-	@$(PHASE) prepare $(MAKE) --no-print-directory -j2 --output-sync=target prepare-venv prepare-kube-bins
+	@$(PHASE) prepare $(MAKE) --no-print-directory -j2 --output-sync=target prepare-kube-bins prepare-images
 	@$(PHASE) lint $(MAKE) --no-print-directory lint
 	@$(PHASE) pytest $(MAKE) --no-print-directory test-only
 	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
-# The venv (mostly downloads) and the Go builds (mostly compiling) side by side; the Go
-# builds need what `services` installs (runc links libseccomp).
-prepare-venv prepare-kube-bins: prepare-%:
-	@$(PHASE) $* $(MAKE) --no-print-directory $*
+# Before the suite, side by side: the Go builds (compiling) beside the venv and then the
+# images the cluster scenarios run (mostly downloads and unpacking), so the cluster lane finds
+# every image layer cached instead of building them on its critical path. Both need what
+# `services` installs (runc links libseccomp; the images need dockerd and debootstrap).
+prepare-kube-bins:
+	@$(PHASE) kube-bins $(MAKE) --no-print-directory kube-bins
+
+prepare-images:
+	@$(PHASE) venv $(MAKE) --no-print-directory venv
+	@$(PHASE) images $(MAKE) --no-print-directory test-images
+
+test-images: venv ## Build the images the cluster scenarios run (tag `test`) into the Docker layer cache
+	@PYTHONPATH=e2e $(PY) -m localkube images $(LANE_BASETEMP)/images
 
 # The suite in two lanes side by side (see conftest.py): the cluster's and Docker's tests spend
 # most of their time waiting on pods, the rest on the CPU. Each lane's output is printed whole

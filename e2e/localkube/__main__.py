@@ -1,5 +1,6 @@
 """By hand: ``python -m localkube up DIR`` starts a detached cluster with its real node,
-``down DIR`` stops it.
+``down DIR`` stops it; ``images DIR`` builds the product's images the tests run (a private
+``dockerd`` keeps its socket in DIR), so the suite's own build finds every layer cached.
 
 ``up`` prints ``export KUBECONFIG=…``; the component PIDs are kept in ``DIR/pids.json`` so
 ``down`` can stop them from another shell, then remove the node's containers, mounts,
@@ -13,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from localkube.engine import build_images, engine
 from localkube.local import LocalCluster
 from localkube.network import NodeNetwork
 from localkube.node import cleanup
@@ -20,10 +22,14 @@ from localkube.processes import kill_groups
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("up", "down"):
-        print("usage: python -m localkube {up|down} DIR", file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in ("up", "down", "images"):
+        print("usage: python -m localkube {up|down|images} DIR", file=sys.stderr)
         return 2
     action, workdir = argv[0], Path(argv[1]).resolve()
+    if action == "images":
+        with engine(workdir) as docker:
+            print("\n".join(build_images(docker).all()))
+        return 0
     pid_file = workdir / "pids.json"
     if action == "down":
         if pid_file.exists():
