@@ -23,7 +23,7 @@ DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
 .PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-lane-cluster test-lane-rest demo bench bench-routing bench-production train train-movielens \
-        cluster-up cluster-down images helm-lint crd clean e2e e2e-kind
+        cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -153,6 +153,11 @@ kube-score: venv ## kube-score over the rendered chart and what the operator ren
 chart-readme: ## Render the chart README's parameter tables from the @param tags in values.yaml
 	"$$(bash scripts/build-readme-generator.sh)/readme-generator" \
 	  -v charts/kvrank-operator/values.yaml -r charts/kvrank-operator/README.md
+
+core-types: venv ## Regenerate the Kubernetes core types the CRD embeds from the cluster release's OpenAPI document
+	$(PY) scripts/core_types.py "$$(sed -n 's/^KUBE_VERSION="$${KUBE_VERSION:-\(v[0-9.]*\)}".*/\1/p' e2e/localkube/build.sh)" \
+	  | $(VENV)/bin/ruff format - > operator/kvrank_operator/core_types.py.new
+	mv operator/kvrank_operator/core_types.py.new operator/kvrank_operator/core_types.py
 
 crd: venv ## Regenerate the chart's CRD and its reference page from kvrank_operator.crd
 	$(VENV)/bin/kvrank-operator crd > charts/kvrank-operator/crds/rankerdeployments.yaml

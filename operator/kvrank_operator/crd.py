@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvrank_operator.core_types import SCHEMAS
 from kvrank_operator.crd_descriptions import described
 from kvrank_operator.spec import (
     ADMISSION_MODES,
@@ -78,12 +79,12 @@ def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any)
     return doc
 
 
-def _free(description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-        "description": description,
-    }
+def _core(kind: str, description: str) -> dict[str, Any]:
+    """A Kubernetes core type, with the schema the API server itself checks it by (from
+    :mod:`kvrank_operator.core_types`): ``limit:`` for ``limits:`` or ``cpu: two`` is refused
+    at apply, not carried silently into a pod. The description names the type (the reference
+    page links it rather than listing its fields)."""
+    return {**SCHEMAS[kind], "description": f"{description} (core/v1 {kind})"}
 
 
 _DNS_NAME = {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
@@ -162,25 +163,30 @@ MODEL = _obj(
             "maximum": 1000,
             "default": ModelSpec.replicas,
         },
-        "resources": _free("Container resources, e.g. limits nvidia.com/gpu: 1."),
+        "resources": _core(
+            "ResourceRequirements", "Container resources, e.g. limits nvidia.com/gpu: 1."
+        ),
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
-        "tolerations": {"type": "array", "items": _free("A toleration.")},
-        "affinity": _free("Pod affinity."),
+        "tolerations": {"type": "array", "items": _core("Toleration", "A toleration.")},
+        "affinity": _core("Affinity", "Pod affinity."),
         "env": {
             "type": "array",
             "items": _obj(
                 {
                     "name": {"type": "string"},
                     "value": {"type": "string"},
-                    "valueFrom": _free("secretKeyRef, configMapKeyRef or fieldRef."),
+                    "valueFrom": _core(
+                        "EnvVarSource", "secretKeyRef, configMapKeyRef or fieldRef."
+                    ),
                 },
                 ["name"],
             ),
         },
         "pod": POD,
-        "volume": _free(
+        "volume": _core(
+            "VolumeSource",
             "Volume source with the model artifacts (e.g. persistentVolumeClaim), mounted"
-            " read-only at /models; uri is then a path under /models."
+            " read-only at /models; uri is then a path under /models.",
         ),
         "externalReplicas": {
             "type": "boolean",
@@ -411,10 +417,12 @@ REDIS = _obj(
         },
         "memory": {**_QUANTITY, "default": RedisSpec.memory},
         "image": {"type": "string", "default": RedisSpec.image},
-        "resources": _free("Container resources; default: memory requested and limited."),
+        "resources": _core(
+            "ResourceRequirements", "Container resources; default: memory requested and limited."
+        ),
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
-        "tolerations": {"type": "array", "items": _free("A toleration.")},
-        "affinity": _free("Pod affinity; pods are spread over nodes by default."),
+        "tolerations": {"type": "array", "items": _core("Toleration", "A toleration.")},
+        "affinity": _core("Affinity", "Pod affinity; pods are spread over nodes by default."),
         "persistence": {"type": "boolean", "default": RedisSpec.persistence},
         "url": {"type": "string", "maxLength": 1024, "pattern": r"^rediss?://[^\s]+$"},
         "cluster": {"type": "boolean", "default": RedisSpec.cluster},
@@ -655,7 +663,7 @@ ROUTING = _obj(
         },
         "replicas": {"type": "integer", "minimum": 1, "default": RoutingSpec.replicas},
         "image": {"type": "string", "default": RoutingSpec.image},
-        "resources": _free("The router containers' resources."),
+        "resources": _core("ResourceRequirements", "The router containers' resources."),
         "clusterDomain": {"type": "string", "default": RoutingSpec.cluster_domain},
         "gateway": _obj(
             {
@@ -704,7 +712,107 @@ SPEC = _obj(
     },
 )
 
-STATUS = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_TIME = {"type": "string", "format": "date-time"}
+_NULLABLE_NUMBER = {"type": "number", "nullable": True}
+PHASES = ["Starting", "Warming", "Progressing", "Manual", "Promoted", "Aborted"]
+"""A canary's rollout phases (``state.Phase``; a test holds the two equal)."""
+NAMESPACE_STATES = ["active", "retired", "purging", "purged"]
+"""A cache namespace's states (``state.NamespaceState``; a test holds the two equal)."""
+ROLES = ["stable", "canary"]
+_CONDITION = _obj(
+    {
+        "type": {"type": "string", "maxLength": 316},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "reason": {"type": "string", "maxLength": 1024},
+        "message": {"type": "string", "maxLength": 32768},
+        "observedGeneration": {"type": "integer", "minimum": 0},
+        "lastTransitionTime": _TIME,
+    },
+    ["type", "status"],
+)
+_CHECK_RESULT = _obj(
+    {
+        "metric": {"type": "string"},
+        "value": _NULLABLE_NUMBER,
+        "max": {"type": "number"},
+        "min": {"type": "number"},
+        "samples": {"type": "integer"},
+        "minSamples": {"type": "integer"},
+        "result": {"type": "string", "enum": ["pass", "fail", "inconclusive"]},
+    },
+    ["metric", "result"],
+)
+STATUS = _obj(
+    {
+        "conditions": {
+            "type": "array",
+            "items": _CONDITION,
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+        "observedGeneration": {"type": "integer", "minimum": 0},
+        "url": {"type": "string"},
+        "replicas": {"type": "integer", "minimum": 0},
+        "selector": {"type": "string"},
+        "readyText": {"type": "string"},
+        "versions": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "version": {"type": "string"},
+                    "role": {"type": "string", "enum": ROLES},
+                    "replicas": {"type": "integer", "minimum": 0},
+                    "readyReplicas": {"type": "integer", "minimum": 0},
+                },
+                ["version", "role"],
+            ),
+        },
+        "canary": _obj(
+            {
+                "version": {"type": "string"},
+                "phase": {"type": "string", "enum": PHASES},
+                "since": {"type": "string"},
+                "step": {"type": "integer", "minimum": 0},
+                "message": {"type": "string"},
+                "weight": {"type": "integer", "minimum": 0, "maximum": 100},
+                "stepText": {"type": "string"},
+                "checks": {"type": "array", "items": _CHECK_RESULT},
+                "warmHitRatio": _NULLABLE_NUMBER,
+                "warmRequests": {"type": "integer", "nullable": True},
+                "reason": {"type": "string"},
+                "ended": {"type": "boolean"},
+            },
+            ["version", "phase"],
+        ),
+        "ttl": _obj(
+            {
+                "seconds": {"type": "number"},
+                "meanIntervalSeconds": _NULLABLE_NUMBER,
+                "updatedAt": {"type": "string"},
+                "source": {"type": "string", "enum": ["fixed", "pods", "prometheus"]},
+            },
+            ["seconds"],
+        ),
+        "hitRatio": _NULLABLE_NUMBER,
+        "observedAt": {"type": "string"},
+        "cacheNamespaces": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "version": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "role": {"type": "string", "enum": ROLES},
+                    "state": {"type": "string", "enum": NAMESPACE_STATES},
+                    "since": {"type": "string"},
+                    "purgeAfter": {"type": "string"},
+                    "job": {"type": "string"},
+                },
+                ["version", "namespace", "state"],
+            ),
+        },
+        "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    }
+)
 
 COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.readyText",

@@ -129,6 +129,70 @@ DESCRIPTIONS: dict[str, str] = {
     "spec.routing.gateway.hostnames": "Gateway mode: the HTTPRoute's hostnames.",
     "status": "Written by the operator: conditions, replicas per version, the TTL and hit"
     " ratio, the rollout and the cache namespaces (see kubectl get rkd NAME -o yaml).",
+    "status.conditions": "The resource's conditions, one per type: Ready (every version's"
+    " pods Ready), Progressing, Degraded (an invalid spec), RankersStarted, CacheReady (Redis"
+    " answers), CanaryReady, CanaryAnalysis, TTLSource, RouterReady and Monitoring"
+    " (docs/troubleshooting.md says what each reason means).",
+    "status.conditions[].type": "The condition, e.g. Ready.",
+    "status.conditions[].status": "True, False or Unknown.",
+    "status.conditions[].reason": "Why, in one CamelCase word (docs/troubleshooting.md).",
+    "status.conditions[].message": "Why, for a person.",
+    "status.conditions[].observedGeneration": "The spec generation this was decided on.",
+    "status.conditions[].lastTransitionTime": "When status last flipped.",
+    "status.observedGeneration": "The spec generation the operator last reconciled.",
+    "status.url": "Where callers in the cluster score: the shared Service's URL.",
+    "status.replicas": "Ready ranker pods of every version (the scale subresource's"
+    " running replicas).",
+    "status.selector": "The label selector of every ranker pod of this resource (the scale"
+    " subresource's; an autoscaler reads it).",
+    "status.readyText": "Ready pods / desired pods of the serving versions (kubectl get's"
+    " Ready column).",
+    "status.versions": "Each live model version: its role and pods.",
+    "status.versions[].version": "The model version.",
+    "status.versions[].role": "stable or canary.",
+    "status.versions[].replicas": "Pods desired for this version.",
+    "status.versions[].readyReplicas": "Of those, Ready.",
+    "status.canary": "The canary's rollout; after it ended, how it ended (ended: true).",
+    "status.canary.version": "The canary's model version.",
+    "status.canary.phase": "Starting, Warming (shadow traffic fills its cache), Progressing"
+    " (steps), Manual (waits for a person), Promoted or Aborted.",
+    "status.canary.since": "When it entered this phase or step.",
+    "status.canary.step": "The current step, 1 ... len(steps); 0 before the first.",
+    "status.canary.message": "What the rollout waits for, or why it moved.",
+    "status.canary.weight": "The canary's share of traffic now, in percent.",
+    "status.canary.stepText": "The step as n/total.",
+    "status.canary.checks": "The current step's analysis, one entry per check.",
+    "status.canary.checks[].metric": "The metric checked (spec.canary.analysis.checks).",
+    "status.canary.checks[].value": "The canary's value over the window (null: no data).",
+    "status.canary.checks[].max": "The bound it must not exceed.",
+    "status.canary.checks[].min": "The bound it must reach.",
+    "status.canary.checks[].samples": "Requests the value is measured over.",
+    "status.canary.checks[].minSamples": "Requests needed before the check decides.",
+    "status.canary.checks[].result": "pass, fail or inconclusive (too few samples or no data).",
+    "status.canary.warmHitRatio": "Warming: the canary cache's hit ratio on shadow traffic.",
+    "status.canary.warmRequests": "Warming: shadow requests the canary has served.",
+    "status.canary.reason": "Aborted: why.",
+    "status.canary.ended": "The spec no longer names this canary: the record says how its"
+    " rollout ended.",
+    "status.ttl": "The cache TTL in force: what the ranker pods' ConfigMap carries.",
+    "status.ttl.seconds": "The TTL, in seconds.",
+    "status.ttl.meanIntervalSeconds": "The mean per-user request interval it was derived"
+    " from (null: a fixed TTL).",
+    "status.ttl.updatedAt": "When the TTL was last set.",
+    "status.ttl.source": "fixed, pods or prometheus: where the interval was read.",
+    "status.hitRatio": "Requests served from a cache / requests, as last measured.",
+    "status.observedAt": "When the TTL tuner's published values last changed.",
+    "status.cacheNamespaces": "Each model version's cache namespace in Redis, live or"
+    " retired, until it is purged.",
+    "status.cacheNamespaces[].version": "The model version.",
+    "status.cacheNamespaces[].namespace": "The key prefix its entries are written under.",
+    "status.cacheNamespaces[].role": "The role the version had when it was last live.",
+    "status.cacheNamespaces[].state": "active (a live version's), retired (kept warm for a"
+    " rollback), purging (a Job deletes its keys) or purged.",
+    "status.cacheNamespaces[].since": "When it entered this state.",
+    "status.cacheNamespaces[].purgeAfter": "Retired: when its purge is due.",
+    "status.cacheNamespaces[].job": "Purging: the purge Job's name.",
+    "status.kopf": "The operator framework's own bookkeeping (kopf); not the user's.",
 }
 
 

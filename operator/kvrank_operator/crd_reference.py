@@ -7,11 +7,13 @@ what ``kubectl apply`` checks, because both come from :func:`kvrank_operator.crd
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from kvrank_operator.crd import crd
 
+CORE = re.compile(r"\(core/v1 (\w+)\)$")
 BOUNDS = (
     ("minimum", "≥ {}"),
     ("maximum", "≤ {}"),
@@ -51,11 +53,22 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _core_type(schema: dict[str, Any]) -> str | None:
+    """The Kubernetes type an embedded core schema is (``crd._core`` names it last in the
+    description): the page names it instead of listing Kubernetes' own fields."""
+    found = CORE.search(schema.get("description", ""))
+    return found.group(1) if found else None
+
+
 def _rows(schema: dict[str, Any], path: str, required: bool) -> Iterator[str]:
     default = f"`{json.dumps(schema['default'])}`" if "default" in schema else ""
     name = f"`{path}`" + (" (required)" if required else "")
-    cells = (name, _type(schema), default, _constraints(schema), schema.get("description", ""))
+    core = _core_type(schema) or _core_type(schema.get("items", {}))
+    kind = _type(schema) if core is None else _type(schema).replace("object", f"core/v1 {core}")
+    cells = (name, kind, default, _constraints(schema), schema.get("description", ""))
     yield "| " + " | ".join(_cell(c) for c in cells) + " |"
+    if core is not None:
+        return
     needed = set(schema.get("required", []))
     for key, child in schema.get("properties", {}).items():
         yield from _rows(child, f"{path}.{key}", key in needed)

@@ -32,6 +32,40 @@ PROGRESSIVE: dict[str, Any] = {
         "source": {"type": "prometheus", "prometheus": {"url": "http://prometheus:9090"}},
     },
 }
+CORE_KNOBS: dict[str, Any] = {
+    "resources": {
+        "requests": {"cpu": "500m", "memory": "1.5Gi", "ephemeral-storage": 2147483648},
+        "limits": {"nvidia.com/gpu": 1, "memory": "4Gi"},
+    },
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "podAffinityTerm": {
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "labelSelector": {"matchLabels": {"app": "ranker"}},
+                    },
+                }
+            ]
+        },
+    },
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "true", "tolerationSeconds": 30},
+    ],
+    "env": [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +198,41 @@ INVALID = [
         with_({"canary": {**CANARY, "analysis": {"errorRatio": {"min": 0.01}}}}),
         "spec.canary.analysis.errorRatio.min",  # unknown field: only max exists
     ),
+    (
+        "limit for limits in the ranker's resources",
+        {"model": {**VALID["model"], "resources": {"limit": {"nvidia.com/gpu": 1}}}},
+        "spec.model.resources.limit",
+    ),
+    (
+        "a CPU request that is no quantity",
+        {"model": {**VALID["model"], "resources": {"requests": {"cpu": "two"}}}},
+        "spec.model.resources.requests",
+    ),
+    (
+        "a misspelt affinity",
+        {"model": {**VALID["model"], "affinity": {"nodeAffinity": {"required": {}}}}},
+        "spec.model.affinity.nodeAffinity.required",
+    ),
+    (
+        "a toleration without its effect spelt right",
+        {"model": {**VALID["model"], "tolerations": [{"key": "gpu", "efect": "NoSchedule"}]}},
+        "spec.model.tolerations[0].efect",
+    ),
+    (
+        "a misspelt volume source",
+        {"model": {"version": "v1", "uri": "/models/v1", "volume": {"persistentVolume": {}}}},
+        "spec.model.volume.persistentVolume",
+    ),
+    (
+        "an env var from a secret without its key",
+        {"model": {**VALID["model"], "env": [{"name": "T", "valueFrom": {"secretKeyRef": {}}}]}},
+        "spec.model.env[0].valueFrom.secretKeyRef.key",
+    ),
+    (
+        "Redis memory limits in a typo",
+        with_({"cache": {"redis": {"resources": {"limits": {"memory": "2 GB"}}}}}),
+        "spec.cache.redis.resources.limits",
+    ),
     ("an unknown admission mode", with_({"admission": {"mode": "queue"}}), "spec.admission.mode"),
     (
         "no request at all in a pod",
@@ -223,6 +292,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         with_({"cache": {"redis": {"tls": True}}}),
         with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
         with_({"canary": PROGRESSIVE}),
+        {"model": {**VALID["model"], **CORE_KNOBS}},
         with_(
             {
                 "admission": {
@@ -246,6 +316,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "managed TLS",
         "managed TLS with a Secret of one's own",
         "a progressive rollout with every check",
+        "core types: resources, affinity, tolerations, env from a Secret",
         "admission control",
     ],
 )

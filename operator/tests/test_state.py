@@ -4,8 +4,13 @@ purge, restart a rollout or lose its TTL."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from typing import Any
 
+from kvrank_operator import crd
+from kvrank_operator.analysis import Result
+from kvrank_operator.spec import Check
 from kvrank_operator.state import (
     CacheNamespace,
     ConditionUpdate,
@@ -74,3 +79,109 @@ def test_a_condition_keeps_its_transition_time_until_it_flips() -> None:
     flipped = with_conditions(same, [ConditionUpdate("Ready", True, "AllReady", "c")], (), 2, later)
     assert flipped[0].last_transition_time != ready[0].last_transition_time
     assert with_conditions(flipped, [], ["Ready"], 2, later) == ()
+
+
+def _undeclared(doc: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
+    """Where ``doc`` holds what the CRD's structural schema would prune or refuse: a key it
+    does not declare, a value outside its enum, a null where it is not nullable, a wrong
+    type. The API server drops undeclared status fields silently: an operator that wrote
+    one would not find it after a restart."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if doc is None:
+        return [] if schema.get("nullable") else [f"{path}: null"]
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool}
+    numbers = {"integer": (int,), "number": (int, float)}
+    want = schema.get("type")
+    if want in kinds and not isinstance(doc, kinds[want]):
+        return [f"{path}: not {want}"]
+    if want in numbers and (isinstance(doc, bool) or not isinstance(doc, numbers[want])):
+        return [f"{path}: not {want}"]
+    if "enum" in schema and doc not in schema["enum"]:
+        return [f"{path}: {doc!r} not in {schema['enum']}"]
+    if want == "array":
+        items = schema["items"]
+        return [p for i, x in enumerate(doc) for p in _undeclared(x, items, f"{path}[{i}]")]
+    if want != "object":
+        return []
+    props = schema.get("properties", {})
+    missing = [f"{path}.{k}: required" for k in schema.get("required", []) if k not in doc]
+    return missing + [
+        p
+        for key, value in doc.items()
+        for p in (
+            _undeclared(value, props[key], f"{path}.{key}")
+            if key in props
+            else [f"{path}.{key}: undeclared"]
+        )
+    ]
+
+
+def test_everything_the_operator_writes_survives_the_crds_status_schema() -> None:
+    checks = {
+        "errorRatio": Check("max", 0.01, 50),
+        "hitRatio": Check("min", 0.5, 50),
+        "scoreDelta": Check("max", 0.1, 50, quantile=0.99),
+    }
+    results = (
+        Result("errorRatio", checks["errorRatio"], 0.0, 400).status(),
+        Result("hitRatio", checks["hitRatio"], None, 0).status(),
+        Result("scoreDelta", checks["scoreDelta"], 0.02, 10).status(),
+    )
+    conditions = with_conditions(
+        (),
+        [ConditionUpdate("Ready", True, "AllReady", "ok"), ConditionUpdate("X", False, "Y", "z")],
+        (),
+        3,
+        NOW,
+    )
+    statuses = [
+        Status(
+            conditions=conditions,
+            cache_namespaces=tuple(
+                CacheNamespace("v1", "rkd-v1", role, state, "2026-12-01T11:00:00Z", "t1", "job")
+                for role in ("stable", "canary")
+                for state in NamespaceState
+            ),
+            rollout=dataclasses.replace(
+                Rollout("v2", phase, "2026-12-01T11:30:00Z"),
+                step=1,
+                message="m",
+                weight=20,
+                step_text="1/2",
+                checks=results,
+                warm_hit_ratio=0.5,
+                warm_requests=10,
+                reason="errorRatio failed",
+                ended=True,
+            ),
+            ttl=TTLStatus(4.5, mean, "2026-12-01T11:59:00Z", source),
+            hit_ratio=0.87,
+            observed_at="2026-12-01T11:59:00Z",
+            serving=Serving(
+                (VersionStatus("v1", "stable", 2, 2), VersionStatus("v2", "canary", 1, 0)),
+                3,
+                "a=b",
+                "3/3",
+                "http://f.p.svc:8080",
+            ),
+            observed_generation=3,
+        )
+        for phase, (mean, source) in zip(
+            Phase, [(1.5, "pods"), (None, "fixed"), (2.0, "prometheus")] * 2, strict=True
+        )
+    ]
+    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for status in statuses:
+        stored = status.for_storage()
+        assert _undeclared(stored, schema) == []
+        assert Status.from_storage(stored) == status
+    assert [p.value for p in Phase] == crd.PHASES
+    assert [s.value for s in NamespaceState] == crd.NAMESPACE_STATES
+    wrong = {"bogus": 2, "canary": {"version": "v2", "phase": "Done"}, "hitRatio": None}
+    wrong["url"] = None
+    assert _undeclared(wrong, schema) == [
+        "status.bogus: undeclared",
+        f"status.canary.phase: 'Done' not in {crd.PHASES}",
+        "status.url: null",
+    ]
