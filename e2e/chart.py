@@ -20,6 +20,7 @@ def monitoring_objects(cluster: Cluster) -> dict[str, dict[str, Any]]:
     """The chart's PrometheusRule and dashboard ConfigMap (``helm template``), by kind."""
     rendered = cluster.helm(
         "template", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
+        "--api-versions", "monitoring.coreos.com/v1",
         "--set", "monitoring.rules.enabled=true", "--set", "monitoring.dashboard.enabled=true",
     ).stdout  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]

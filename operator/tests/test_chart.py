@@ -270,7 +270,10 @@ def test_without_leader_election_one_replica_runs_and_more_are_refused() -> None
     assert out.returncode != 0 and "leaderElection.enabled" in out.stderr
 
 
+SERVED = ("--api-versions", "monitoring.coreos.com/v1")
+"""What a cluster with prometheus-operator tells helm (``helm template`` has no cluster)."""
 MONITORING = (
+    *SERVED,
     "--set",
     "monitoring.serviceMonitor.enabled=true",
     "--set",
@@ -301,6 +304,15 @@ def test_monitoring_objects_are_off_by_default() -> None:
     assert not [a for a in operator_args(docs) if a.startswith("--pod-monitor")]
     rules = _rules(next(d for d in docs if d["kind"] == "ClusterRole"))
     assert not [k for k in rules if k[0] == ("monitoring.coreos.com",)]
+
+
+def test_a_cluster_without_prometheus_operator_gets_no_monitor_or_rule_but_the_dashboard() -> None:
+    """Enabled before prometheus-operator is installed, the chart still installs: the
+    objects of kinds the cluster does not serve are left out (NOTES.txt warns)."""
+    kinds = {d["kind"] for d in render(*MONITORING[len(SERVED) :])}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+    assert "ConfigMap" in kinds
+    assert {"ServiceMonitor", "PrometheusRule"} <= {d["kind"] for d in render(*MONITORING)}
 
 
 def test_monitoring_objects_scrape_operator_and_rankers_and_the_rules_pass_promtool(

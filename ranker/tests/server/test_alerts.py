@@ -19,6 +19,7 @@ from kvrank.tools.processes import PrometheusServer
 
 pytestmark = pytest.mark.redis
 CHART = Path(__file__).resolve().parents[3] / "charts" / "kvrank-operator"
+SERVED = ("--api-versions", "monitoring.coreos.com/v1")  # as a cluster with prometheus-operator
 POD_LABELS = {  # what a PodMonitor with the chart's podTargetLabels gives a ranker pod
     "namespace": "ranking",
     "pod": "feed-ranker-v1-7d9f-abcde",
@@ -36,7 +37,7 @@ def rendered_rules(out: Path, **values: str) -> Path:
         for a in ("--set", f"{k}={v}")
     ]
     rendered = subprocess.run(
-        [str(binaries() / "helm"), "template", "rel", str(CHART), *sets],
+        [str(binaries() / "helm"), "template", "rel", str(CHART), *SERVED, *sets],
         capture_output=True,
         text=True,
         check=True,
