@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,20 @@ class Cluster:
             *args,
         ]
         return _run(cmd, "kubectl", args, check, input=input, timeout=120)
+
+    def wait_established(self, crd: str, timeout_s: float = 60.0) -> None:
+        """Until the CRD named ``crd`` is Established. (``kubectl wait`` fails at once, not
+        waiting, when it looks before the API server has written the CRD's first
+        conditions: a large schema takes it long enough.)"""
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.kubectl("get", f"crd/{crd}", "-o", f"jsonpath={established}", check=False)
+            if got.stdout.strip() == "True":
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"crd/{crd} not Established after {timeout_s:.0f}s: {got}")
+            time.sleep(0.2)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {

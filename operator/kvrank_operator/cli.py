@@ -10,6 +10,8 @@ from kvrank_operator import __version__
 
 if TYPE_CHECKING:
     from kvrank_operator.manifests import PodMonitoring
+    from kvrank_operator.reconcile import Options
+    from kvrank_operator.spec import DefaultImages
 
 app = typer.Typer(
     help="kvrank operator: RankerDeployment → ranker pods + Redis, canary caches, TTL tuning.",
@@ -57,6 +59,18 @@ def run(
     pod_monitor_interval: Annotated[
         str, typer.Option(help="Scrape interval of the PodMonitors.")
     ] = "30s",
+    ranker_image: Annotated[
+        str | None,
+        typer.Option(help="The ranker image of a spec that names none (default: kvrank's own)."),
+    ] = None,
+    redis_image: Annotated[
+        str | None,
+        typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
+    ] = None,
+    router_image: Annotated[
+        str | None,
+        typer.Option(help="The bundled router image of a spec that names none."),
+    ] = None,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -66,12 +80,24 @@ def run(
     if log_format not in ("json", "text"):
         raise typer.BadParameter("json or text", param_hint="--log-format")
     _configure_logging(log_format)
+    from kvrank_operator.reconcile import Options
+    from kvrank_operator.redis_cluster import check_and_heal
+
     monitoring = None
     if pod_monitor:
         monitoring = _pod_monitoring(pod_monitor_label or [], pod_monitor_interval)
+    images = _images(ranker_image, redis_image, router_image)
+    options = Options(redis_health=check_and_heal, monitoring=monitoring, images=images)
     _serve(
-        kubeconfig, namespace or [], metrics_port, liveness_port, lease, lease_namespace, monitoring
+        kubeconfig, namespace or [], metrics_port, liveness_port, lease, lease_namespace, options
     )
+
+
+def _images(ranker: str | None, redis: str | None, router: str | None) -> DefaultImages:
+    from kvrank_operator.spec import DefaultImages
+
+    given = {"ranker": ranker, "redis": redis, "router": router}
+    return DefaultImages(**{k: v for k, v in given.items() if v})
 
 
 def _configure_logging(log_format: str) -> None:
@@ -101,7 +127,7 @@ def _serve(
     liveness_port: int,
     lease: str,
     lease_namespace: str,
-    monitoring: PodMonitoring | None,
+    options: Options,
 ) -> None:
     """Lead (when electing), then run kopf with the operator's context in its ``memo``."""
     import asyncio
@@ -113,12 +139,8 @@ def _serve(
     from kvrank_operator.handlers import OperatorContext
     from kvrank_operator.kube import Kube, load_client
     from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
-    from kvrank_operator.reconcile import Options
-    from kvrank_operator.redis_cluster import check_and_heal
 
-    context = OperatorContext(
-        Kube(load_client(kubeconfig)), Options(redis_health=check_and_heal, monitoring=monitoring)
-    )
+    context = OperatorContext(Kube(load_client(kubeconfig)), options)
     if metrics_port:
         start_http_server(metrics_port)
     election = None
@@ -235,6 +257,18 @@ def render(
     pod_monitor: Annotated[
         bool, typer.Option(help="Add the PodMonitor an operator run with --pod-monitor adds.")
     ] = False,
+    ranker_image: Annotated[
+        str | None,
+        typer.Option(help="The ranker image of a spec that names none (default: kvrank's own)."),
+    ] = None,
+    redis_image: Annotated[
+        str | None,
+        typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
+    ] = None,
+    router_image: Annotated[
+        str | None,
+        typer.Option(help="The bundled router image of a spec that names none."),
+    ] = None,
 ) -> None:
     """Print the objects the operator would apply for a RankerDeployment (its first pass;
     Secrets' values redacted): for review, diffs and manifest linters. No cluster needed."""
@@ -250,7 +284,8 @@ def render(
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         monitoring = _pod_monitoring([], "30s") if pod_monitor else None
-        objects = [obj for doc in docs for obj in build(doc, namespace, monitoring)]
+        images = _images(ranker_image, redis_image, router_image)
+        objects = [obj for doc in docs for obj in build(doc, namespace, monitoring, images)]
     except (OSError, yaml.YAMLError, OperatorError) as exc:
         typer.echo(f"kvrank-operator render: {file}: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -155,7 +155,8 @@ MODEL = _obj(
             "minLength": 1,
             "maxLength": 512,
             "description": "The ranker image; a team's model comes in a derived image (FROM"
-            " the ranker image, plus its plugin package).",
+            " the ranker image, plus its plugin package). Default: the operator's"
+            " --ranker-image (the chart's defaultImages.ranker).",
         },
         "replicas": {
             "type": "integer",
@@ -416,7 +417,13 @@ REDIS = _obj(
             "default": RedisSpec.replicas_per_shard,
         },
         "memory": {**_QUANTITY, "default": RedisSpec.memory},
-        "image": {"type": "string", "default": RedisSpec.image},
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 512,
+            "description": "Managed: the Redis image (7.x; it runs as uid 10001). Default: the"
+            " operator's --redis-image (the chart's defaultImages.redis).",
+        },
         "resources": _core(
             "ResourceRequirements", "Container resources; default: memory requested and limited."
         ),
@@ -662,7 +669,13 @@ ROUTING = _obj(
             " mean of in-flight requests; 0: unbounded.",
         },
         "replicas": {"type": "integer", "minimum": 1, "default": RoutingSpec.replicas},
-        "image": {"type": "string", "default": RoutingSpec.image},
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 512,
+            "description": "Bundled: the router image. Default: the operator's --router-image"
+            " (the chart's defaultImages.router).",
+        },
         "resources": _core("ResourceRequirements", "The router containers' resources."),
         "clusterDomain": {"type": "string", "default": RoutingSpec.cluster_domain},
         "gateway": _obj(

@@ -86,7 +86,6 @@ DESCRIPTIONS: dict[str, str] = {
     " is lost); fixed once formed.",
     "spec.cache.redis.memory": "Managed: memory per Redis node, a byte quantity (1Gi): the"
     " pod's memory request and limit, and maxmemory at 90 % of it (LRU eviction).",
-    "spec.cache.redis.image": "Managed: the Redis image (7.x); it runs as uid 10001.",
     "spec.cache.redis.nodeSelector": "Managed: node labels the Redis pods must run on.",
     "spec.cache.redis.tolerations": "Managed: tolerations of the Redis pods.",
     "spec.cache.redis.persistence": "Managed: append-only files on a PersistentVolumeClaim of"
@@ -120,7 +119,6 @@ DESCRIPTIONS: dict[str, str] = {
     " port).",
     "spec.service.type": "ClusterIP, NodePort or LoadBalancer.",
     "spec.routing.replicas": "Bundled: router (Envoy) pods.",
-    "spec.routing.image": "Bundled: the router image.",
     "spec.routing.clusterDomain": "Bundled: the cluster's DNS domain (the router finds each"
     " version's pods by name).",
     "spec.routing.gateway.name": "Gateway mode: the Gateway the HTTPRoute attaches to.",

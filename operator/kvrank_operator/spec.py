@@ -20,6 +20,20 @@ from kvrank_operator.errors import SpecError
 
 DEFAULT_IMAGE = f"ghcr.io/kvrank/ranker:{__version__}"
 ROUTER_IMAGE = f"ghcr.io/kvrank/router:{__version__}"
+REDIS_IMAGE = "redis:7.2"
+
+
+@dataclass(frozen=True)
+class DefaultImages:
+    """The images a spec that names none runs: the operator's (``--ranker-image``,
+    ``--redis-image``, ``--router-image``; the chart's ``defaultImages``), so a site with its
+    own registry sets them once instead of on every RankerDeployment."""
+
+    ranker: str = DEFAULT_IMAGE
+    redis: str = REDIS_IMAGE
+    router: str = ROUTER_IMAGE
+
+
 ROUTING_HEADER = "X-KVRank-User"
 """The header callers put the user id in (the rankers' ``routing_header`` default)."""
 MODELS_MOUNT = "/models"
@@ -185,7 +199,7 @@ class RedisSpec:
     shards: int = 3
     replicas_per_shard: int = 1
     memory: str = "1Gi"
-    image: str = "redis:7.2"
+    image: str = REDIS_IMAGE
     resources: dict[str, Any] = field(default_factory=dict)
     """Empty: memory requested and limited to ``memory`` (the data set's ceiling)."""
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -356,12 +370,14 @@ def namespace_for(version: str) -> str:
     return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
 
 
-def parse_spec(spec: dict[str, Any]) -> RankerSpec:
+def parse_spec(spec: dict[str, Any], images: DefaultImages | None = None) -> RankerSpec:
+    """The typed spec; an image the spec does not name is the operator's default."""
+    images = images or DefaultImages()
     m = spec.get("model") or {}
     model = ModelSpec(
         version=_req(m, "version", "model"),
         uri=_req(m, "uri", "model"),
-        image=m.get("image", ModelSpec.image),
+        image=m.get("image", images.ranker),
         replicas=int(m.get("replicas", ModelSpec.replicas)),
         resources=m.get("resources") or {},
         node_selector=m.get("nodeSelector") or {},
@@ -398,7 +414,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
                 f"equals model.version ({model.version!r});"
                 " a canary must run a different model version",
             )
-    cache = _cache(spec.get("cache") or {})
+    cache = _cache(spec.get("cache") or {}, images.redis)
     ttl = _ttl(spec.get("ttl") or {})
     svc = spec.get("service") or {}
     return RankerSpec(
@@ -408,7 +424,7 @@ def parse_spec(spec: dict[str, Any]) -> RankerSpec:
         ttl,
         int(svc.get("port", RankerSpec.port)),
         svc.get("type", RankerSpec.service_type),
-        _routing(spec.get("routing") or {}),
+        _routing(spec.get("routing") or {}, images.router),
         _admission(spec.get("admission") or {}),
     )
 
@@ -431,13 +447,13 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _routing(r: dict[str, Any]) -> RoutingSpec:
+def _routing(r: dict[str, Any], image: str) -> RoutingSpec:
     routing = RoutingSpec(
         mode=r.get("mode", RoutingSpec.mode),
         header=r.get("header", RoutingSpec.header),
         hash_balance_factor=int(r.get("hashBalanceFactor", RoutingSpec.hash_balance_factor)),
         replicas=int(r.get("replicas", RoutingSpec.replicas)),
-        image=r.get("image", RoutingSpec.image),
+        image=r.get("image", image),
         resources=r.get("resources") or {},
         cluster_domain=r.get("clusterDomain", RoutingSpec.cluster_domain),
         gateway=GatewayRef(
@@ -561,7 +577,7 @@ def _pod(p: dict[str, Any]) -> PodSettings:
     )
 
 
-def _cache(c: dict[str, Any]) -> CacheSpec:
+def _cache(c: dict[str, Any], image: str) -> CacheSpec:
     r = c.get("redis") or {}
     mode = r.get("mode", RedisSpec.mode)
     secret = r.get("passwordSecretRef")
@@ -570,7 +586,7 @@ def _cache(c: dict[str, Any]) -> CacheSpec:
         shards=int(r.get("shards", RedisSpec.shards)),
         replicas_per_shard=int(r.get("replicasPerShard", RedisSpec.replicas_per_shard)),
         memory=str(r.get("memory", RedisSpec.memory)),
-        image=r.get("image", RedisSpec.image),
+        image=r.get("image", image),
         resources=r.get("resources") or {},
         node_selector=r.get("nodeSelector") or {},
         tolerations=r.get("tolerations") or [],

@@ -471,3 +471,22 @@ def test_every_alert_links_to_its_section_of_the_troubleshooting_page() -> None:
     rule = next(d for d in own if d["kind"] == "PrometheusRule")
     url = rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"]
     assert url.startswith("https://wiki.example/kvrank#")
+
+
+def test_the_default_images_reach_the_operator_pinned_by_digest_when_given() -> None:
+    digest = "sha256:" + "ab" * 32
+    args = operator_args(render())
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert f"--ranker-image=ghcr.io/kvrank/ranker:{version}" in args
+    assert "--redis-image=redis:7.2" in args
+    assert f"--router-image=ghcr.io/kvrank/router:{version}" in args
+    docs = render(
+        "--set", "defaultImages.ranker.repository=registry.local/kvrank/ranker",
+        "--set", f"defaultImages.ranker.digest={digest}",
+        "--set", f"image.digest={digest}",
+    )  # fmt: skip
+    assert f"--ranker-image=registry.local/kvrank/ranker:{version}@{digest}" in operator_args(docs)
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f"@{digest}")
+    out = helm("template", "rel", str(CHART), "--set", "defaultImages.redis.digest=latest")
+    assert out.returncode != 0 and "defaultImages/redis/digest" in out.stderr

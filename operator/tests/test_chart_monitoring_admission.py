@@ -55,7 +55,7 @@ def install_crds(cluster, paths: Iterable[Path], names: Iterable[str], ours: boo
             "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd())
         )
     for name in (*names, *(["rankerdeployments.kvrank.io"] if ours else [])):
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+        cluster.wait_established(name)
 
 
 def strict_dry_run(cluster, doc: dict, namespace: str | None = None) -> tuple[bool, str]:  # type: ignore[no-untyped-def, type-arg]

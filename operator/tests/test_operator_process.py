@@ -199,7 +199,7 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
             "apply", "--server-side", "-f",
             str(Path(crds.stdout.strip()) / "monitoring.coreos.com_podmonitors.yaml"),
         )  # fmt: skip
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+        cluster.wait_established(crd)
         doc["spec"]["model"]["replicas"] = 2  # a spec change: the operator looks again at once
         cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
         wait(

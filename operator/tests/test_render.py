@@ -53,6 +53,29 @@ def test_the_pod_monitor_is_added_on_request() -> None:
     assert "PodMonitor" not in render("-f", str(basic)).stdout
 
 
+def test_a_spec_that_names_no_image_runs_the_operators_defaults() -> None:
+    """A site's own registry is set once, on the operator (the chart's defaultImages), not
+    on every RankerDeployment; an image the spec names still wins."""
+    doc = (
+        "apiVersion: kvrank.io/v1alpha1\nkind: RankerDeployment\nmetadata: {name: feed}\n"
+        "spec: {model: {version: v1, uri: /models/v1}, routing: {mode: bundled}}\n"
+    )
+    mirror = ("--ranker-image=reg.local/ranker:1", "--redis-image=reg.local/redis@sha256:ab")
+    out = render("-f", "-", *mirror, "--router-image=reg.local/envoy:2", stdin=doc)
+    assert out.returncode == 0, out.stderr
+    images = {
+        o["metadata"]["name"]: {c["image"] for c in o["spec"]["template"]["spec"]["containers"]}
+        for o in yaml.safe_load_all(out.stdout)
+        if o["kind"] in ("Deployment", "StatefulSet")
+    }
+    assert images["feed-v1"] == {"reg.local/ranker:1"}
+    assert images["feed-redis"] == {"reg.local/redis@sha256:ab"}
+    assert {"reg.local/envoy:2"} <= images["feed-router"]
+    named = doc.replace("uri: /models/v1}", "uri: /models/v1, image: mine/ranker:3}")
+    out = render("-f", "-", *mirror, stdin=named)
+    assert "image: mine/ranker:3" in out.stdout and "reg.local/ranker:1" not in out.stdout
+
+
 @pytest.mark.parametrize(
     ("doc", "named"),
     [

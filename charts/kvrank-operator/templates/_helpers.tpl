@@ -199,3 +199,12 @@ groups:
           summary: "No kvrank operator replica holds the Lease"
           description: "RankerDeployments are not reconciled: rollouts, purges, TTL tuning and Redis healing are stopped."
 {{- end -}}
+
+{{/*
+An image reference from {repository, tag, digest}: repository[:tag][@digest]; an empty tag
+is the chart's appVersion where "appVersion" is given (kvrank's own images).
+*/}}
+{{- define "kvrank-operator.image" -}}
+{{- $tag := .image.tag | default .appVersion -}}
+{{- .image.repository -}}{{- if $tag }}:{{ $tag }}{{ end -}}{{- if .image.digest }}@{{ .image.digest }}{{ end -}}
+{{- end -}}
