@@ -13,6 +13,19 @@ if TYPE_CHECKING:
     from kvrank_operator.reconcile import Options
     from kvrank_operator.spec import DefaultImages
 
+RankerImage = Annotated[
+    str | None,
+    typer.Option(help="The ranker image of a spec that names none (default: kvrank's own)."),
+]
+RedisImage = Annotated[
+    str | None,
+    typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
+]
+RouterImage = Annotated[
+    str | None, typer.Option(help="The bundled router image of a spec that names none.")
+]
+"""The default images (``run`` and ``render`` take the same three)."""
+
 app = typer.Typer(
     help="kvrank operator: RankerDeployment → ranker pods + Redis, canary caches, TTL tuning.",
     no_args_is_help=True,
@@ -59,18 +72,9 @@ def run(
     pod_monitor_interval: Annotated[
         str, typer.Option(help="Scrape interval of the PodMonitors.")
     ] = "30s",
-    ranker_image: Annotated[
-        str | None,
-        typer.Option(help="The ranker image of a spec that names none (default: kvrank's own)."),
-    ] = None,
-    redis_image: Annotated[
-        str | None,
-        typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
-    ] = None,
-    router_image: Annotated[
-        str | None,
-        typer.Option(help="The bundled router image of a spec that names none."),
-    ] = None,
+    ranker_image: RankerImage = None,
+    redis_image: RedisImage = None,
+    router_image: RouterImage = None,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -257,18 +261,9 @@ def render(
     pod_monitor: Annotated[
         bool, typer.Option(help="Add the PodMonitor an operator run with --pod-monitor adds.")
     ] = False,
-    ranker_image: Annotated[
-        str | None,
-        typer.Option(help="The ranker image of a spec that names none (default: kvrank's own)."),
-    ] = None,
-    redis_image: Annotated[
-        str | None,
-        typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
-    ] = None,
-    router_image: Annotated[
-        str | None,
-        typer.Option(help="The bundled router image of a spec that names none."),
-    ] = None,
+    ranker_image: RankerImage = None,
+    redis_image: RedisImage = None,
+    router_image: RouterImage = None,
 ) -> None:
     """Print the objects the operator would apply for a RankerDeployment (its first pass;
     Secrets' values redacted): for review, diffs and manifest linters. No cluster needed."""
