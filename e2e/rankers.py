@@ -89,6 +89,10 @@ class Ranker:
         assert doc["metadata"]["name"] == self.name, doc["metadata"]
         return self.stack.apply(doc, check=check)
 
+    def rkd(self, command: str, check: bool = True) -> Any:
+        """``kubectl rkd COMMAND <this ranker>`` (the CompletedProcess)."""
+        return self.stack.rkd(command, self.name, check=check)
+
     # ------------------------------------------------------------------ what it says
     def get(self) -> dict[str, Any] | None:
         return self.stack.get("rkd", self.name)

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -288,6 +289,23 @@ class Stack:
     # ------------------------------------------------------------------ kubectl
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, check=check, input=input).stdout
+
+    def rkd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``kubectl rkd ARGS -n NS``: kubectl runs kvrank's plugin (the ``kubectl-rkd``
+        console script, found on PATH as a user's shell would find it)."""
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {**os.environ, "PATH": path, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        out = subprocess.run(
+            [self.cluster.kubectl_bin, "rkd", *args, "-n", NS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl rkd {' '.join(args)}: {out.stderr}{out.stdout}")
+        return out
 
     def must_get(self, kind: str, name: str, ns: str = NS) -> dict[str, Any]:
         """An object that must exist now (fails with the stack's report when it does not)."""

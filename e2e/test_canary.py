@@ -1,6 +1,7 @@
 """A canary by weight: its share of the replicas and a cache namespace of its own;
-promoting it retires and purges the old namespace with no window in which nothing answers;
-aborting it purges its namespace only."""
+promoting it (``kubectl rkd promote``) retires and purges the old namespace with no window in
+which nothing answers; aborting it (``kubectl rkd abort``) purges its namespace only.
+``kubectl rkd status`` shows the versions, the rollout and the namespaces along the way."""
 
 from __future__ import annotations
 
@@ -63,7 +64,17 @@ def test_a_canary_gets_its_share_of_replicas_and_a_cache_namespace_of_its_own(
 
 def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: Rankers) -> None:
     ranker = with_canary(rankers, "promote", "v1", "v2")
-    ranker.apply(canary_spec(ranker, "v2", None))
+    shown = ranker.rkd("status").stdout
+    rows = [line.split() for line in shown.splitlines()]
+    assert ["Version", "v1", "stable", "1/1", "ready"] in rows, shown
+    assert ["Version", "v2", "canary", "1/1", "ready", "50%"] in rows, shown
+    assert any(r[:3] == ["Rollout", "v2", "Manual"] and "50%" in r for r in rows), shown
+    for version, role in (("v1", "stable"), ("v2", "canary")):
+        assert ["Cache", namespace_for(version), version, role, "active"] in rows, shown
+    said = ranker.rkd("promote").stdout
+    assert "promoted canary v2 (was v1)" in said, said
+    model, canary = ranker.must_get()["spec"]["model"], ranker.must_get()["spec"].get("canary")
+    assert (model["version"], model["uri"], canary) == ("v2", ranker.stack.model_uri("v2"), None)
     failures: list[str] = []
     deadline = time.monotonic() + 180
     i = 0
@@ -92,7 +103,8 @@ def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: R
 def test_aborting_purges_the_canary_namespace_only(stack: Stack, rankers: Rankers) -> None:
     ranker = with_canary(rankers, "abort", "v2", "v3")
     stable = ranker.must_deployment("v2")
-    ranker.apply(canary_spec(ranker, "v2", None))
+    assert "aborted canary v3" in ranker.rkd("abort").stdout
+    assert ranker.must_get()["spec"]["model"]["version"] == "v2"
     stack.wait_for(lambda: ranker.namespaces().get(namespace_for("v3")) == "purged", "v3 purged")
     assert ranker.redis_keys(namespace_for("v3")) == 0
     # the stable namespace is never purged (its entries only expire by their TTL)
@@ -103,3 +115,5 @@ def test_aborting_purges_the_canary_namespace_only(stack: Stack, rankers: Ranker
     assert ranker.must_deployment("v2")["metadata"]["uid"] == stable["metadata"]["uid"]
     assert ranker.namespaces().get(namespace_for("v2")) == "active"
     ranker.wait_gone("v3")
+    again = ranker.rkd("abort", check=False)
+    assert again.returncode == 1 and f"{ranker.name} has no canary to abort" in again.stderr

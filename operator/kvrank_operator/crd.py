@@ -366,6 +366,13 @@ CANARY = _obj(
             " promotes it.",
         },
         "analysis": ANALYSIS,
+        "paused": {
+            "type": "boolean",
+            "default": False,
+            "description": "Hold a stepped rollout at its current step: it neither advances"
+            " nor promotes, and an inconclusive step does not time out (a failing check still"
+            " aborts). false resumes it (kubectl rkd pause / resume).",
+        },
         "promotion": {
             "type": "string",
             "enum": ["spec", "status"],

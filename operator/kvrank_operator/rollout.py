@@ -19,7 +19,8 @@ A rollout (``status.canary``) goes through these phases::
   over the step: one that fails aborts at once; all passing once ``pauseSeconds`` have gone
   by moves to the next step, or after the last promotes. A check without enough samples (no
   data, NaN) is *inconclusive*: the step waits, and aborts ``inconclusiveTimeoutSeconds``
-  after its pause — it never passes.
+  after its pause — it never passes. ``canary.paused`` holds a step (no step on, no timeout)
+  until it is set false again; a failing check still aborts.
 - **Manual** (no steps): the canary stays at ``canary.weight`` until a person promotes it.
 - **Promoted**: with ``canary.promotion: spec`` (the default) the operator rewrites the spec
   (``model`` ← the canary, ``canary`` removed): the same path as a manual promote. With
@@ -233,6 +234,11 @@ def _analyse(
     problem = f" ({w.problem})" if w.problem else ""
     if failed:
         return _abort(c, rollout, now, events, "AnalysisFailed", where, failed[0].describe())
+    if c.paused:  # held by a person: no timeout, no step on; a failing check aborts still
+        verdict = "waiting for data" if waiting else "checks pass"
+        message = f"{where}: paused ({verdict}); set canary.paused false to go on"
+        held = dataclasses.replace(rollout, message=message)
+        return Decision(held, events, condition=(True, "Paused", message))
     if waiting and elapsed >= pause + c.analysis.inconclusive_timeout_seconds:
         why = "; ".join(r.describe() for r in waiting) + problem
         return _abort(c, rollout, now, events, "Inconclusive", where, f"no verdict: {why}")

@@ -188,6 +188,9 @@ class CanarySpec:
     canary block removed), as a person would with kubectl; ``status`` never writes the spec
     (GitOps: Argo CD or Flux would revert it) — the operator records the promotion in
     ``status.canary`` and serves the canary as the stable version until the spec says so."""
+    paused: bool = False
+    """Hold a stepped rollout at its step: it neither advances nor promotes (a failing check
+    still aborts). Resuming moves on at once if the step's pause is over and its checks pass."""
     serving: bool = True
     """Not in the CRD: ``False`` while the rollout keeps the canary out of the shared Service
     (starting, warming up); the stable version then keeps all its replicas."""
@@ -518,6 +521,7 @@ def _canary(c: dict[str, Any]) -> CanarySpec:
         image=c.get("image"),
         steps=steps,
         analysis=analysis,
+        paused=bool(c.get("paused", False)),
         promotion=_promotion(c.get("promotion", CanarySpec.promotion)),
     )
 

@@ -249,6 +249,33 @@ def test_a_drifting_canary_is_aborted_at_the_first_step_naming_metric_value_thre
     assert retry.canary.phase == "Starting", "the same canary put back: a new rollout"
 
 
+def test_a_paused_rollout_holds_its_step_without_timing_out_but_still_aborts_on_failure() -> None:
+    agreeing = window(
+        stable=pod_text("v1", requests=400, compared=80),
+        canary=pod_text("v2", requests=100, hits=90),
+    )
+    spec, paused, script = spec_with(warmup=None), spec_with(warmup=None, paused=True), Script()
+    script.windows["v2/step-1"] = agreeing
+    d = run(paused, None, script, 0)
+    for at in (61, 600, 7200):  # long past the pause and the inconclusive timeout
+        d = run(paused, d.canary, script, at)
+        assert d.canary.phase == "Progressing" and d.canary.step == 1 and not d.events
+        assert d.condition[1] == "Paused" and "checks pass" in d.condition[2], d.condition
+    assert rollout.effective(paused, d.canary).canary.weight == 20  # type: ignore[union-attr]
+    script.windows["v2/step-1"] = Window(problem="no data")  # inconclusive: no timeout either
+    d = run(paused, d.canary, script, 9000)
+    assert d.canary.phase == "Progressing" and "waiting for data" in d.condition[2]
+    script.windows["v2/step-1"] = agreeing
+    resumed = run(spec, d.canary, script, 9001)  # the pause is long over: on at once
+    assert resumed.canary.step == 2 and [e[1] for e in resumed.events] == ["StepPassed"]
+    script.windows["v2/step-2"] = window(
+        stable=pod_text("v1", requests=400, compared=80, drift=0.2),
+        canary=pod_text("v2", requests=100),
+    )
+    failed = run(paused, resumed.canary, script, 9010)
+    assert failed.canary.phase == "Aborted" and failed.condition[1] == "AnalysisFailed"
+
+
 def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None:
     spec, script = spec_with(warmup=None), Script()
     d = run(spec, None, script, 0)

@@ -1,0 +1,189 @@
+"""``kubectl rkd status`` as a person reads it: one row per version, the rollout with its
+step and checks, each cache namespace, the TTL and the conditions. (The commands that change
+a RankerDeployment: against the session's API server here, and driving a canary on real pods
+in ``e2e/test_canary.py``.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from test_chart_monitoring_admission import install_crds
+from typer.testing import CliRunner
+
+from kvrank_operator.crd import API_VERSION
+from kvrank_operator.kubectl import app, describe
+
+OBJ: dict[str, Any] = {
+    "metadata": {"name": "feed-ranker", "namespace": "ranking"},
+    "spec": {"model": {"version": "v1"}, "canary": {"version": "v2", "paused": True}},
+    "status": {
+        "url": "http://feed-ranker.ranking.svc:8080",
+        "readyText": "5/5",
+        "versions": [
+            {"version": "v1", "role": "stable", "replicas": 4, "readyReplicas": 4},
+            {"version": "v2", "role": "canary", "replicas": 1, "readyReplicas": 1},
+        ],
+        "canary": {
+            "version": "v2",
+            "phase": "Progressing",
+            "since": "2026-12-03T10:00:00Z",
+            "step": 1,
+            "stepText": "1/2",
+            "weight": 20,
+            "message": "step 1/2 at 20%: paused (checks pass)",
+            "checks": [
+                {
+                    "metric": "scoreDelta",
+                    "value": 0.0031,
+                    "max": 0.01,
+                    "samples": 80,
+                    "minSamples": 50,
+                    "result": "pass",
+                },
+                {
+                    "metric": "rankCorrelation",
+                    "value": None,
+                    "min": 0.95,
+                    "samples": 3,
+                    "minSamples": 50,
+                    "result": "inconclusive",
+                },
+            ],
+        },
+        "cacheNamespaces": [
+            {"version": "v1", "namespace": "kv1", "role": "stable", "state": "active"},
+            {
+                "version": "v0",
+                "namespace": "kv0",
+                "state": "retired",
+                "purgeAfter": "2026-12-03T10:05:00Z",
+            },
+        ],
+        "ttl": {"seconds": 120.0, "meanIntervalSeconds": 41.5, "source": "pods"},
+        "hitRatio": 0.8312,
+        "observedAt": "2026-12-03T10:01:00Z",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "5/5"}],
+    },
+}
+
+
+def rows(obj: dict[str, Any]) -> list[list[str]]:
+    console = Console(width=200, record=True)
+    with console.capture() as out:
+        console.print(describe(obj))
+    return [line.split() for line in out.get().splitlines()]
+
+
+def test_status_shows_versions_rollout_checks_namespaces_ttl_and_conditions() -> None:
+    got = rows(OBJ)
+    assert ["URL", "http://feed-ranker.ranking.svc:8080"] in got
+    assert ["Version", "v1", "stable", "4/4", "ready"] in got
+    assert ["Version", "v2", "canary", "1/1", "ready", "20%"] in got
+    rollout = next(r for r in got if r[0] == "Rollout")
+    assert rollout[:5] == ["Rollout", "v2", "Progressing", "paused", "1/2"], rollout
+    assert ["Check", "scoreDelta", "0.0031", "max", "0.01", "80/50", "samples", "pass"] in got
+    waiting = ["Check", "rankCorrelation", "-", "min", "0.95", "3/50", "samples", "inconclusive"]
+    assert waiting in got
+    assert ["Cache", "kv1", "v1", "stable", "active"] in got
+    assert ["Cache", "kv0", "v0", "retired", "purge", "after", "2026-12-03T10:05:00Z"] in got
+    assert ["TTL", "120s", "pods", "mean", "interval", "41.5s"] in got
+    assert ["Hit", "ratio", "0.831", "at", "2026-12-03T10:01:00Z"] in got
+    assert ["Condition", "Ready", "True", "Ready", "5/5"] in got
+
+
+def test_a_new_object_without_status_still_prints() -> None:
+    got = rows({"metadata": {"name": "fresh", "namespace": "ranking"}, "spec": {}})
+    assert ["Name", "fresh", "(ranking)"] in got and ["Ready", "-"] in got
+
+
+def test_every_command_is_there_with_help() -> None:
+    out = CliRunner().invoke(app, ["--help"]).output
+    for command in ("status", "watch", "promote", "abort", "pause", "resume"):
+        assert command in out, out
+
+
+STEPPED: dict[str, Any] = {
+    "model": {"version": "v1", "uri": "/models/v1", "sha256": "a" * 64},
+    "canary": {
+        "version": "v2",
+        "uri": "/models/v2",
+        "image": "ranker:v2-code",
+        "steps": [{"weight": 20}, {"weight": 50}],
+        "analysis": {"errorRatio": {"max": 0.01}},
+    },
+}
+
+
+@pytest.mark.kube
+def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(cluster) -> None:  # type: ignore[no-untyped-def]
+    """``kubectl rkd …`` as a user runs it (kubectl finds the plugin on PATH), against the
+    API server with the CRD: what each command writes, and what it refuses."""
+    install_crds(cluster, [], [], ours=True)
+    ns, env = (
+        "default",
+        {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "KUBECONFIG": str(cluster.kubeconfig),
+        },
+    )
+
+    def rkd(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [cluster.kubectl_bin, "rkd", *args, "-n", ns]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+    def spec(name: str) -> dict[str, Any]:
+        got = cluster.kubectl("get", "rkd", name, "-n", ns, "-o", "json").stdout
+        return dict(json.loads(got)["spec"])
+
+    def create(name: str, body: dict[str, Any]) -> None:
+        doc = {"apiVersion": API_VERSION, "kind": "RankerDeployment", "metadata": {"name": name}}
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({**doc, "spec": body}))
+
+    create("plugin-stepped", STEPPED)
+    try:
+        assert rkd("pause", "plugin-stepped").returncode == 0
+        assert spec("plugin-stepped")["canary"]["paused"] is True
+        assert rkd("resume", "plugin-stepped").returncode == 0
+        assert spec("plugin-stepped")["canary"]["paused"] is False
+        shown = rkd("status", "plugin-stepped")
+        assert shown.returncode == 0 and "plugin-stepped (default)" in shown.stdout, shown
+        done = rkd("promote", "plugin-stepped")
+        assert "promoted canary v2 (was v1)" in done.stdout, done
+        model = spec("plugin-stepped")["model"]
+        assert "canary" not in spec("plugin-stepped")
+        assert (model["version"], model["uri"], model["image"]) == (
+            "v2",
+            "/models/v2",
+            "ranker:v2-code",
+        )
+        assert "sha256" not in model, "the old version's digest must not pin the new weights"
+        for verb in ("promote", "abort", "pause"):
+            refused = rkd(verb, "plugin-stepped")
+            assert refused.returncode == 1, refused
+            assert f"plugin-stepped has no canary to {verb}" in refused.stderr, refused
+        manual = {
+            **STEPPED,
+            "canary": {"version": "v2", "uri": "/models/v2", "promotion": "status"},
+        }
+        create("plugin-gitops", manual)
+        for verb in ("promote", "abort"):
+            refused = rkd(verb, "plugin-gitops")
+            assert refused.returncode == 1 and "GitOps" in refused.stderr, refused
+            assert spec("plugin-gitops")["canary"]["version"] == "v2", "nothing written"
+        no_steps = rkd("pause", "plugin-gitops")
+        assert no_steps.returncode == 1 and "has no steps" in no_steps.stderr, no_steps
+        assert rkd("abort", "plugin-gitops", "--force").returncode == 0
+        assert "canary" not in spec("plugin-gitops")
+        missing = rkd("status", "plugin-nowhere")
+        assert missing.returncode == 1
+        assert "rankerdeployment plugin-nowhere not found in namespace default" in missing.stderr
+    finally:
+        cluster.kubectl("delete", "rkd", "plugin-stepped", "plugin-gitops", "-n", ns, check=False)
