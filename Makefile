@@ -128,7 +128,7 @@ cluster-up: venv services kube-bins ## Start the local cluster with its real nod
 cluster-down: ## Stop the cluster started by cluster-up and restore the host's network
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker, operator, redis and router images, and the example plugin's ranker image (needs a Docker engine; PYTHON_IMAGE= to change the base)
+images: ## Build the ranker, operator, redis and router images, the example plugin's ranker image and the quickstart ranker (a small model inside) (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
@@ -141,6 +141,8 @@ images: ## Build the ranker, operator, redis and router images, and the example 
 	  -f images/router/Dockerfile -t ghcr.io/kvrank/router:$(IMAGE_TAG) images/router
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
 	  -t ghcr.io/kvrank/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
+	  -t ghcr.io/kvrank/ranker-quickstart:$(IMAGE_TAG) images/quickstart
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \

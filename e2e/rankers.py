@@ -274,6 +274,14 @@ class Rankers:
         self.made.append(ranker)
         return ranker
 
+    def from_example(self, name: str) -> Ranker:
+        """``examples/<name>`` applied as it is (its own name, nothing adapted to the run)."""
+        path = ROOT / "examples" / name
+        ranker = Ranker(self.stack, example(name)["metadata"]["name"])
+        self.made.append(ranker)
+        self.stack.kubectl("apply", "-n", NS, "-f", str(path))
+        return ranker
+
     def create(self, prefix: str, *, redis: bool = True, replicas: int | None = None) -> Ranker:
         """A new RankerDeployment from ``examples/basic.yaml``, applied and Ready."""
         ranker = self.new(prefix)

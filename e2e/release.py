@@ -29,12 +29,22 @@ class OperatorRelease:
         self.stack = stack
         self.cluster = stack.cluster
 
-    @property
-    def values(self) -> list[str]:
-        """``--set`` arguments: the image this run built, never pulled."""
-        repo, tag = self.stack.images.operator.rsplit(":", 1)
-        values = ("logLevel=INFO", f"image.repository={repo}", f"image.tag={tag}",
-                  "image.pullPolicy=Never")  # fmt: skip
+    def values(self, chart: Path = CHART) -> list[str]:
+        """``--set`` arguments: the images this run built, never pulled — the operator's, and
+        (this tree's chart) the defaults of a spec that names none, as an air-gapped site
+        sets them (``examples/quickstart.yaml`` names no Redis image)."""
+        images = self.stack.images
+        repo, tag = images.operator.rsplit(":", 1)
+        values = ["logLevel=INFO", f"image.repository={repo}", f"image.tag={tag}",
+                  "image.pullPolicy=Never"]  # fmt: skip
+        if chart == CHART:  # the previous release's chart has no defaultImages
+            for key, ref in (("ranker", images.ranker), ("redis", images.redis),
+                             ("router", images.router)):  # fmt: skip
+                repo, tag = ref.rsplit(":", 1)
+                values += [
+                    f"defaultImages.{key}.repository={repo}",
+                    f"defaultImages.{key}.tag={tag}",
+                ]
         return [arg for v in values for arg in ("--set", v)]
 
     # ------------------------------------------------------------------ lifecycle
@@ -50,14 +60,14 @@ class OperatorRelease:
 
     def install(self, chart: Path = CHART) -> None:
         self.cluster.helm(
-            "install", RELEASE, str(chart), "--namespace", OPERATOR_NS, *self.values,
+            "install", RELEASE, str(chart), "--namespace", OPERATOR_NS, *self.values(chart),
             "--wait", f"--timeout={self.install_timeout_s}s",
         )  # fmt: skip
 
     def upgrade(self) -> None:
         """``helm upgrade`` the release to this tree's chart."""
         self.cluster.helm(
-            "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *self.values,
+            "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *self.values(),
             "--wait", f"--timeout={self.install_timeout_s}s",
         )  # fmt: skip
 
@@ -79,7 +89,7 @@ class OperatorRelease:
         sets = [f"test.rankerDeployment.name={ranker}", f"test.rankerDeployment.namespace={NS}"]
         extra = [arg for v in sets for arg in ("--set", v)]
         self.cluster.helm(
-            "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *self.values, *extra
+            "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, *self.values(), *extra
         )
         out = self.cluster.helm(
             "test", RELEASE, "--namespace", OPERATOR_NS, "--logs", "--timeout=180s", check=False

@@ -5,8 +5,11 @@ leaves nothing behind when deleted."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import torch
 from rankers import CANDIDATES, NOWHERE, Rankers, example
@@ -21,6 +24,7 @@ from kvrank.tools.workload import request_body
 from kvrank_operator.spec import namespace_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_basic_example_serves_the_models_scores_and_caches(
@@ -87,6 +91,31 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
     # status.url is where in-cluster callers score (the test pod reached /readyz there)
     url = ranker.status()["url"]
     assert url == f"http://{name}.{NS}.svc:8080" and f"ok   200 {url}/readyz" in log, log
+
+
+def test_the_quickstart_applied_as_it_is_answers_the_readmes_request_through_status_url(
+    stack: Stack, rankers: Rankers
+) -> None:
+    """The README's first hour: ``examples/quickstart.yaml`` unmodified (its image holds the
+    model; Redis from the chart's default image), the README's ``kubectl wait`` line, the
+    Service ``status.url`` names, and ``examples/request.json`` answered."""
+    ranker = rankers.from_example("quickstart.yaml")
+    stack.kubectl("wait", f"rkd/{ranker.name}", "-n", NS, "--for=condition=Ready", "--timeout=300s")
+    url = urlsplit(ranker.status()["url"])
+    assert (url.scheme, url.hostname, url.port) == ("http", f"{ranker.name}.{NS}.svc", 8080)
+    (base,) = stack.base_urls(ranker.name)  # the Service the URL names, as cluster DNS has it
+    request = json.loads((ROOT / "examples" / "request.json").read_text())
+    first = httpx.post(f"{base}/v1/score", json=request, timeout=30)
+    assert first.status_code == 200, first.text
+    answer = first.json()
+    assert len(answer["scores"]) == len(request["candidates"]["item_ids"]), answer
+    assert answer["model_version"] == "v1" and answer["cache"] == "miss", answer
+    again = httpx.post(f"{base}/v1/score", json=request, timeout=30).json()
+    assert again["cache"] == "l1" and again["scores"] == answer["scores"], again
+    (pod,) = ranker.pods()
+    assert pod["spec"]["containers"][0]["image"] == stack.images.quickstart
+    redis = {p["spec"]["containers"][0]["image"] for p in ranker.pods("redis")}
+    assert redis == {stack.images.redis}, "the chart's defaultImages.redis"
 
 
 def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from localkube.node import unmount_below
 from localkube.processes import die_with_parent
 
@@ -65,6 +67,9 @@ class Images:
     """The same plugin built again as another image: what a canary brings its code in."""
     router: str
     """The bundled router (stock Envoy)."""
+    quickstart: str
+    """The ranker with the quickstart model inside, under the name ``examples/quickstart.yaml``
+    gives it (that file is applied as it is)."""
 
     def all(self) -> tuple[str, ...]:
         return (
@@ -74,6 +79,7 @@ class Images:
             self.plugin,
             self.plugin_canary,
             self.router,
+            self.quickstart,
         )
 
 
@@ -156,6 +162,8 @@ def build_images(docker: Docker) -> Images:
         docker.env,
         600,
     )
+    quickstart = quickstart_image()
+    docker("tag", f"ghcr.io/kvrank/ranker-quickstart:{TAG}", quickstart)
     prune_old_stages(docker)
     return Images(
         ranker,
@@ -164,7 +172,14 @@ def build_images(docker: Docker) -> Images:
         plugin,
         canary,
         f"ghcr.io/kvrank/router:{TAG}",
+        quickstart,
     )
+
+
+def quickstart_image() -> str:
+    """The ranker image ``examples/quickstart.yaml`` names."""
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    return str(doc["spec"]["model"]["image"])
 
 
 def prune_old_stages(docker: Docker) -> None:

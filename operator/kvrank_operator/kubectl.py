@@ -25,11 +25,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvrank_operator.crd import GROUP, PLURAL, VERSION
-from kvrank_operator.errors import SpecError
-from kvrank_operator.rollout import promotion
-from kvrank_operator.spec import parse_spec
-
 Name = Annotated[str, typer.Argument(help="The RankerDeployment.")]
 Namespace = Annotated[
     str | None,
@@ -50,10 +45,14 @@ app = typer.Typer(
 
 
 class RankerDeployments:
-    """Reads and merge-patches of RankerDeployments in one namespace."""
+    """Reads and merge-patches of RankerDeployments in one namespace. (The operator's
+    modules and the Kubernetes client are imported here, not with the module: a base install
+    without the operator extra gets a message naming it, not a traceback.)"""
 
     def __init__(self, namespace: str | None, kubeconfig: str | None) -> None:
         from kubernetes import client, config
+
+        from kvrank_operator.crd import GROUP, PLURAL, VERSION
 
         config.load_kube_config(config_file=kubeconfig)
         if namespace is None:
@@ -61,14 +60,13 @@ class RankerDeployments:
             namespace = context["context"].get("namespace") or "default"
         self.namespace = namespace
         self.api = client.CustomObjectsApi()
+        self.where = (GROUP, VERSION, namespace, PLURAL)
 
     def get(self, name: str) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self.api.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name
-            )
+            obj = self.api.get_namespaced_custom_object(*self.where, name)
         except ApiException as exc:
             if exc.status == 404:
                 fail(f"rankerdeployment {name} not found in namespace {self.namespace}")
@@ -78,13 +76,7 @@ class RankerDeployments:
 
     def patch(self, name: str, patch: dict[str, Any]) -> None:
         self.api.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            name,
-            patch,
-            _content_type="application/merge-patch+json",
+            *self.where, name, patch, _content_type="application/merge-patch+json"
         )
 
     def watch(self, name: str, timeout_s: int | None) -> Any:
@@ -92,10 +84,7 @@ class RankerDeployments:
 
         return watch.Watch().stream(
             self.api.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
+            *self.where,
             field_selector=f"metadata.name={name}",
             timeout_seconds=timeout_s,
         )
@@ -211,6 +200,10 @@ def promote(
 ) -> None:
     """Make the canary the stable version now (remaining steps skipped)."""
     rkds = RankerDeployments(namespace, kubeconfig)
+    from kvrank_operator.errors import SpecError
+    from kvrank_operator.rollout import promotion
+    from kvrank_operator.spec import parse_spec
+
     obj = rkds.get(name)
     canary = _canary(obj, force, "promote")
     try:

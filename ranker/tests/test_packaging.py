@@ -46,6 +46,7 @@ def test_operator_is_still_the_standard_library() -> None:
             ],
         ),
         ("kvrank-operator", ["run", "version"]),
+        ("kubectl-rkd", ["status", "watch", "promote", "abort", "pause", "resume"]),
     ],
 )
 def test_help_lists_commands(script: str, commands: list[str]) -> None:
@@ -133,6 +134,11 @@ def test_one_version_names_the_packages_the_images_and_the_chart() -> None:
     assert tag.stdout.strip() == declared, tag.stderr
     chart = yaml.safe_load((root / "charts" / "kvrank-operator" / "Chart.yaml").read_text())
     assert chart["appVersion"] == declared  # the operator image's default tag
+    # the quickstart names the image `make images` builds, and the README says so
+    quickstart = yaml.safe_load((root / "examples" / "quickstart.yaml").read_text())
+    image = quickstart["spec"]["model"]["image"]
+    assert image == f"ghcr.io/kvrank/ranker-quickstart:{declared}"
+    assert image in (root / "README.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -141,6 +147,8 @@ def test_one_version_names_the_packages_the_images_and_the_chart() -> None:
         ("torch", "kvrank.cli", ["kvrank", "example-request", "/nowhere"], "kvrank[ranker]"),
         ("kubernetes", "kvrank_operator.cli",
          ["kvrank-operator", "render", "-f", "examples/basic.yaml"], "kvrank[operator]"),
+        ("kubernetes", "kvrank_operator.kubectl", ["kubectl-rkd", "status", "x"],
+         "kvrank[operator]"),
     ],
 )  # fmt: skip
 def test_a_command_whose_extra_is_not_installed_names_it(
