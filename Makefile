@@ -40,9 +40,10 @@ venv: $(STAMP) ## Create .venv and install kvrank with all extras (reused while 
 services: ## Install the service binaries the tests start (redis-server) when missing
 	@bash scripts/ensure-services.sh
 
-kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … from Go modules
+kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … and the tests' S3 store from Go modules
 	@# side by side: one downloads while the other compiles
-	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
+	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; \
+	  bash scripts/build-gofakes3.sh >/dev/null; wait $$cp
 
 lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows, kube-score on the manifests
 	$(VENV)/bin/ruff check ranker operator e2e images examples benchmarks

@@ -21,6 +21,7 @@ release (``release.py``) and its own RankerDeployments (``rankers.py``).
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import os
@@ -61,6 +62,8 @@ REDIS_TLS_DIR = "/run/redis-tls"
 """Where a managed Redis pod with ``tls: true`` has its certificates."""
 ARTIFACTS = "artifacts"
 ARTIFACTS_PORT = 8000
+S3_BUCKET = "models"
+"""The bucket of the S3 store (local backend): the artifact store's files under ``s3://``."""
 MODEL_CONFIG = ModelConfig(
     d_model=16,
     n_heads=2,
@@ -286,6 +289,39 @@ class Stack:
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "pods"}
 
+    def s3_endpoint(self) -> str:
+        """Where pods reach the S3-compatible store holding the artifacts (bucket
+        :data:`S3_BUCKET`, the same files as the artifact store)."""
+        raise NotImplementedError(f"no S3 store on the {self.backend} backend")
+
+    def from_s3(self, doc: dict[str, Any], secret: str) -> dict[str, Any]:
+        """``doc`` with its model (and canary) fetched from the S3 store: ``s3://`` URIs,
+        the weights' sha256 pinned, and the store's endpoint and credentials in the pods'
+        env (the keys from the Secret ``secret``, created here)."""
+        self.apply(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
+             "stringData": {"access-key-id": "kvrank-e2e", "secret-access-key": "e2e-secret"}}
+        )  # fmt: skip
+        doc = json.loads(json.dumps(doc))
+        spec = doc["spec"]
+        for part in (spec["model"], spec.get("canary")):
+            if part is not None:
+                path = Path("feed-ranker") / part["version"]
+                part["uri"] = f"s3://{S3_BUCKET}/{path}"
+                weights = (self.models / path / "model.safetensors").read_bytes()
+                part["sha256"] = hashlib.sha256(weights).hexdigest()
+        key = {"secretKeyRef": {"name": secret, "key": "access-key-id"}}
+        secret_key = {"secretKeyRef": {"name": secret, "key": "secret-access-key"}}
+        spec["model"]["env"] = [  # once: the same doc again must not change the pods
+            *(e for e in spec["model"].get("env", []) if not e["name"].startswith("AWS_")),
+            {"name": "AWS_ENDPOINT_URL", "value": self.s3_endpoint()},
+            {"name": "AWS_ALLOW_HTTP", "value": "true"},
+            {"name": "AWS_REGION", "value": "us-east-1"},
+            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": key},
+            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": secret_key},
+        ]
+        return doc
+
     # ------------------------------------------------------------------ kubectl
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, check=check, input=input).stdout
@@ -413,6 +449,7 @@ class LocalStack(Stack):
     ) -> None:
         super().__init__(workdir, docker, images, cluster)
         self.prometheus_url = ""
+        self.s3_url = ""
         self.discovery: PodTargets | None = None
 
     def start(self) -> LocalStack:
@@ -424,6 +461,7 @@ class LocalStack(Stack):
             node.images.prune(keep={*self.images.all(), PAUSE_IMAGE})
             self.prepare_namespaces()
             self._start_prometheus()
+            self._start_s3()
         except BaseException:
             self.stop()
             raise
@@ -433,7 +471,38 @@ class LocalStack(Stack):
         if self.discovery is not None:
             self.discovery.stop()
         self.cluster.supervisor.stop_named("prometheus")
+        self.cluster.supervisor.stop_named("s3")
         super().stop()
+
+    def s3_endpoint(self) -> str:
+        return self.s3_url
+
+    def _start_s3(self) -> None:
+        """gofakes3 (an S3-compatible server, built by ``scripts/build-gofakes3.sh``) in the
+        node's network namespace, serving the artifact folder as the bucket ``models``."""
+        built = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build-gofakes3.sh")],
+            capture_output=True, text=True, check=True, timeout=600,
+        )  # fmt: skip
+        binary = Path(built.stdout.strip().splitlines()[-1]) / "gofakes3"
+        port = free_port()
+        assert self.cluster.network is not None
+        self.cluster.supervisor.start(
+            "s3",
+            self.cluster.network.wrap(
+                [str(binary), "-backend", "directfs", "-directfs.path", str(self.models),
+                 "-directfs.bucket", S3_BUCKET, "-host", f"{POD_GATEWAY}:{port}", "-quiet"]
+            ),
+        )  # fmt: skip
+        self.s3_url = f"http://{POD_GATEWAY}:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{self.s3_url}/{S3_BUCKET}/", timeout=1).status_code < 500
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, "the S3 store up", 60, lambda: self.cluster.logs(40))
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}

@@ -134,8 +134,13 @@ def test_every_pod_is_admitted_under_restricted_pod_security(
 def test_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
     stack: Stack, rankers: Rankers
 ) -> None:
-    ranker = rankers.create("refuses")
-    good = ranker.spec()
+    """The model comes from S3 here (the store's keys from a Secret, the weights pinned by
+    their sha256): served, and a canary whose weights do not match refused."""
+    ranker = rankers.new("refuses")
+    good = stack.from_s3(ranker.spec(), f"{ranker.name}-s3")
+    ranker.apply(good)
+    ranker.wait_ready("from S3", timeout=300)
+    assert ranker.must_get()["spec"]["model"]["uri"] == "s3://models/feed-ranker/v1"
     out = ranker.apply(ranker.with_canary(good, "v3", weight=150), check=False)
     assert out.returncode != 0
     assert "spec.canary.weight" in out.stderr and "100" in out.stderr, out.stderr
@@ -160,12 +165,13 @@ def test_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(
     assert ranker.score("still-serving")["model_version"] == "v1"
     # a canary whose artifact does not match its checksum: its pods refuse to serve it, the
     # operator says which version and why, the stable version keeps serving
-    mismatch = ranker.with_canary(good, "v3")
+    mismatch = stack.from_s3(ranker.with_canary(good, "v3"), f"{ranker.name}-s3")
     mismatch["spec"]["canary"]["sha256"] = "0" * 64
     ranker.apply(mismatch)
     failed = ranker.wait_condition("RankersStarted", "False", 180)
     assert failed["reason"] == "StartFailed" and "v3:" in failed["message"], failed
     assert "sha256" in failed["message"] and "expected 0000" in failed["message"], failed
+    assert "s3://models/feed-ranker/v3" in failed["message"], failed
     assert ranker.score("stable-during-bad-canary", version="v1")["model_version"] == "v1"
     ranker.apply(good)
     ranker.wait_condition("RankersStarted", "True", 120)

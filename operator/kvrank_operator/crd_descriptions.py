@@ -40,7 +40,8 @@ DESCRIPTIONS: dict[str, str] = {
     "spec.canary": "A second model version taking a share of the traffic, in its own cache"
     " namespace; with steps, rolled out and promoted or aborted by the operator. Removing it"
     " aborts a rollout.",
-    "spec.canary.uri": "The canary's artifact location: a path in a mounted volume or a URL.",
+    "spec.canary.uri": "The canary's artifact location: a path in a mounted volume or the"
+    " image, an http(s):// URL or s3://bucket/prefix (as model.uri).",
     "spec.canary.weight": "Percent of the traffic (and replicas) the canary takes when it has"
     " no steps; it stays there until promoted in the spec.",
     "spec.canary.replicas": "Canary pods, instead of a weight's share of model.replicas (the"

@@ -396,11 +396,11 @@ def parse_spec(spec: dict[str, Any], images: DefaultImages | None = None) -> Ran
         ("model.uri", model.uri),
         ("canary.uri", (spec.get("canary") or {}).get("uri")),
     ):
-        if uri and "://" in uri and not uri.startswith(("http://", "https://")):
+        if uri and "://" in uri and not uri.startswith(("http://", "https://", "s3://")):
             raise SpecError(
                 fld,
-                f"scheme {uri.split('://', 1)[0]!r} is not supported:"
-                " use a path in model.volume (or baked into the image) or an http(s):// URL",
+                f"scheme {uri.split('://', 1)[0]!r} is not supported: use a path in"
+                " model.volume (or baked into the image), an http(s):// URL or s3://bucket/prefix",
             )
     if model.volume and not model.uri.startswith(MODELS_MOUNT + "/"):
         raise SpecError(

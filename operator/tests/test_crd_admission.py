@@ -108,7 +108,12 @@ INVALID = [
         "spec.model.version",
     ),
     ("negative replicas", {"model": {**VALID["model"], "replicas": -1}}, "spec.model.replicas"),
-    ("an s3:// artifact", {"model": {"version": "v1", "uri": "s3://bucket/m"}}, "spec.model.uri"),
+    ("a gs:// artifact", {"model": {"version": "v1", "uri": "gs://bucket/m"}}, "spec.model.uri"),
+    (
+        "an s3:// URI without a bucket",
+        {"model": {"version": "v1", "uri": "s3:///m"}},
+        "spec.model.uri",
+    ),
     (
         "a volume with a uri outside it",
         {"model": {"version": "v1", "uri": "/data/m", "volume": {"emptyDir": {}}}},

@@ -48,7 +48,7 @@ def test_examples_parse() -> None:
             {"cache": {"redis": {"mode": "external", "url": "redis://x:1", "tls": True}}},
             "cache.redis.url",
         ),
-        ({"canary": {"version": "v2", "uri": "s3://bucket/v2"}}, "canary.uri"),
+        ({"canary": {"version": "v2", "uri": "gs://bucket/v2"}}, "canary.uri"),
         ({"cache": {"redis": {"tlsSecretName": "mine"}}}, "cache.redis.tlsSecretName"),
         ({"routing": {"mode": "mesh"}}, "routing.mode"),
         ({"routing": {"mode": "gateway"}}, "routing.gateway.name"),
@@ -365,13 +365,14 @@ def test_model_volume_is_mounted_read_only_under_models() -> None:
         parse_spec({"model": {"version": "v1", "uri": "/elsewhere/v1", "volume": {"emptyDir": {}}}})
 
 
-def test_url_artifacts_get_a_writable_download_cache() -> None:
-    spec = parse_spec({"model": {"version": "v1", "uri": "https://models.example/feed/v1"}})
+@pytest.mark.parametrize("uri", ["https://models.example/feed/v1", "s3://models/feed/v1"])
+def test_url_artifacts_get_a_writable_download_cache(uri: str) -> None:
+    spec = parse_spec({"model": {"version": "v1", "uri": uri}})
     pod = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")["spec"]["template"][
         "spec"
     ]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert env["KVRANK_MODEL_DIR"] == "https://models.example/feed/v1"
+    assert env["KVRANK_MODEL_DIR"] == uri
     cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
     # bounded by the container's ephemeral-storage limit (a node's disk is shared)
     assert cache == {"name": "model-cache", "emptyDir": {"sizeLimit": "8Gi"}}

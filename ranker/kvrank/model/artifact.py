@@ -6,10 +6,11 @@ the distribution + version that provides it (:mod:`kvrank.model.registry`), whos
 makes the model: an artifact carries weights and config, never code. Weights are loaded with
 safetensors and ``load_state_dict(strict=True)``, so a file that does not match the config
 is an :class:`ArtifactError`, never a partial model.
-An artifact lives in a directory, or behind an ``http(s)://`` URL (the directory's two
-files under it), which :func:`resolve_artifact` downloads once into a local cache. When the
-deployment names the weights' SHA-256, a download that does not match is never cached and
-a directory that does not match is refused.
+An artifact lives in a directory, behind an ``http(s)://`` URL or under an ``s3://bucket/
+prefix`` (the directory's two files under it), which :func:`resolve_artifact` downloads once
+into a local cache, retrying what a network or a store drops. When the deployment names the
+weights' SHA-256, a download that does not match is never cached and a directory that does
+not match is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ValidationError
@@ -43,6 +45,12 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 MAX_DOWNLOAD_BYTES = 64 * 2**30
 DOWNLOAD_TIMEOUT_S = 60.0
+DOWNLOAD_ATTEMPTS = 5
+"""Tries of each file before a download fails: a refused or dropped connection, a timeout, a
+5xx or a throttled request is tried again after a backoff (1, 2, 4, 8 s; S3: botocore's
+standard retry mode); a 4xx (missing, forbidden) fails at once."""
+DOWNLOAD_BACKOFF_S = 1.0
+SCHEMES = ("http://", "https://", "s3://")
 
 
 def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | None = None) -> Path:
@@ -181,8 +189,9 @@ def is_url(location: str) -> bool:
 
 def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) -> Path:
     """A local directory holding the artifact at ``location``: a path as it is, or an
-    ``http(s)://`` URL whose two files are downloaded (once: a complete download is reused)
-    into ``cache_dir/<digest of the URL>``. A partial download never looks complete.
+    ``http(s)://`` URL or ``s3://bucket/prefix`` whose two files are downloaded (once: a
+    complete download is reused) into ``cache_dir/<digest of the URL>``. A partial download
+    never looks complete.
 
     ``sha256``: the expected SHA-256 (hex) of the weights file, checked on whatever is
     returned (a mismatching download is discarded before it is cached).
@@ -191,12 +200,13 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
         if sha256 is not None:
             verify_weights(Path(location), sha256, location)
         return Path(location)
-    if not location.startswith(("http://", "https://")):
+    if not location.startswith(SCHEMES):
         scheme = location.split("://", 1)[0]
         raise ArtifactError(
             f"model location {location!r}: scheme {scheme!r} is not supported"
-            " (use a path in a mounted volume or an http(s):// URL)"
+            " (use a path in a mounted volume, an http(s):// URL or s3://bucket/prefix)"
         )
+    fetch = _download_s3 if location.startswith("s3://") else _download
     target = cache_dir / hashlib.sha256(location.encode()).hexdigest()[:16]
     if (target / CONFIG_FILE).is_file() and (target / WEIGHTS_FILE).is_file():
         if sha256 is not None:
@@ -206,7 +216,7 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=cache_dir))
     try:
         for name in (WEIGHTS_FILE, CONFIG_FILE):
-            _download(f"{location.rstrip('/')}/{name}", staging / name)
+            fetch(f"{location.rstrip('/')}/{name}", staging / name)
         if sha256 is not None:
             verify_weights(staging, sha256, location)
         shutil.rmtree(target, ignore_errors=True)
@@ -235,13 +245,67 @@ def verify_weights(directory: Path, sha256: str, location: str) -> None:
 
 
 def _download(url: str, dest: Path) -> None:
+    """One file over http(s), tried up to ``DOWNLOAD_ATTEMPTS`` times."""
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        try:
+            _get(url, dest)
+            return
+        except urllib.error.HTTPError as exc:
+            if (exc.code < 500 and exc.code != 429) or attempt == DOWNLOAD_ATTEMPTS:
+                raise ArtifactError(f"downloading {url} failed: {exc}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            if attempt == DOWNLOAD_ATTEMPTS:
+                raise ArtifactError(
+                    f"downloading {url} failed after {attempt} attempts: {exc}"
+                ) from exc
+        time.sleep(DOWNLOAD_BACKOFF_S * 2 ** (attempt - 1))
+
+
+def _get(url: str, dest: Path) -> None:
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, dest.open("wb") as f:
+        size = 0
+        while chunk := resp.read(1 << 20):
+            size += len(chunk)
+            if size > MAX_DOWNLOAD_BYTES:
+                raise ArtifactError(f"{url}: larger than {MAX_DOWNLOAD_BYTES} bytes")
+            f.write(chunk)
+
+
+def _download_s3(url: str, dest: Path) -> None:
+    """One object of ``s3://bucket/key`` through obstore (Rust's object_store): credentials
+    from the pod's environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` from a
+    Secret, a web identity token as IRSA mounts it, the instance's role), ``AWS_REGION``,
+    ``AWS_ENDPOINT_URL`` for an S3-compatible store such as MinIO or Ceph (``AWS_ALLOW_HTTP=
+    true`` for a plain-http one); throttling, 5xx and dropped connections are retried with a
+    backoff (1, 2, 4, 8 s)."""
+    import datetime as dt
+
+    import obstore
+    import obstore.exceptions
+    from obstore.store import S3Store
+
+    if TYPE_CHECKING:
+        from obstore.store import ClientConfig, RetryConfig
+
+    location, _, key = url.rpartition("/")
+    retry: RetryConfig = {
+        "max_retries": DOWNLOAD_ATTEMPTS - 1,
+        "backoff": {"init_backoff": dt.timedelta(seconds=DOWNLOAD_BACKOFF_S), "base": 2},
+        "retry_timeout": dt.timedelta(minutes=10),
+    }
+    client: ClientConfig = {  # given here, the client's options replace what the environment says
+        "connect_timeout": dt.timedelta(seconds=DOWNLOAD_TIMEOUT_S),
+        "timeout": dt.timedelta(hours=1),  # a whole GET: the default 30 s cuts large weights
+        "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true",
+    }
     try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, dest.open("wb") as f:
-            size = 0
-            while chunk := resp.read(1 << 20):
-                size += len(chunk)
-                if size > MAX_DOWNLOAD_BYTES:
-                    raise ArtifactError(f"{url}: larger than {MAX_DOWNLOAD_BYTES} bytes")
+        store = S3Store.from_url(location, retry_config=retry, client_options=client)
+        size = obstore.head(store, key)["size"]
+        if size > MAX_DOWNLOAD_BYTES:
+            raise ArtifactError(f"{url}: {size} bytes, larger than {MAX_DOWNLOAD_BYTES}")
+        with dest.open("wb") as f:
+            for chunk in obstore.get(store, key).stream(min_chunk_size=1 << 20):
                 f.write(chunk)
-    except (urllib.error.URLError, OSError) as exc:
-        raise ArtifactError(f"downloading {url} failed: {exc}") from exc
+    except (obstore.exceptions.BaseError, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArtifactError(f"downloading {url} failed: {first}") from exc

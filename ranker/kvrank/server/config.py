@@ -60,7 +60,8 @@ class ServerConfig(BaseSettings):
     )
 
     model_dir: str = Field(
-        "artifacts/quick", description="Artifact directory, or an http(s):// URL to download."
+        "artifacts/quick",
+        description="Artifact directory, or an http(s):// URL or s3://bucket/prefix to download.",
     )
     model_cache_dir: str = Field(
         "/tmp/kvrank-models", description="Where artifacts given by URL are downloaded."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,8 +133,8 @@ def test_url_artifact_errors_are_clear_and_leave_nothing_half_written(
     with pytest.raises(ArtifactError, match=r"config\.json.*(404|Not Found)"):
         resolve_artifact(f"{base}/m", tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
-    with pytest.raises(ArtifactError, match="scheme 's3' is not supported"):
-        resolve_artifact("s3://bucket/m", tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="scheme 'gs' is not supported"):
+        resolve_artifact("gs://bucket/m", tmp_path / "cache")
 
 
 def test_weights_checksum_is_verified_and_a_mismatch_is_never_cached(
@@ -158,3 +159,158 @@ def test_weights_checksum_is_verified_and_a_mismatch_is_never_cached(
         resolve_artifact(str(site), tmp_path / "cache", wrong)
     assert resolve_artifact(str(site), tmp_path / "cache", good) == site
     assert len(served) == 4  # two downloads: the discarded one and the kept one
+
+
+def test_a_failing_server_is_tried_again_and_a_missing_file_is_not(
+    factory, tiny_cfg, tmp_path, monkeypatch
+) -> None:
+    """503s (an artifact server restarting, a proxy's hiccup) are retried with a backoff; a
+    404 is an answer, not an outage: it fails at once."""
+    import http.server
+    import threading
+
+    from kvrank.model import artifact
+
+    monkeypatch.setattr(artifact, "DOWNLOAD_BACKOFF_S", 0.01)
+    site = save_model(factory.model(tiny_cfg, version="v1"), tmp_path / "site" / "m")
+    asked: list[str] = []
+
+    class Flaky(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(tmp_path / "site"), **kwargs)  # type: ignore[arg-type]
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            if self.path.startswith("/m/") and asked.count(self.path) <= 2:  # twice first
+                self.send_error(503)
+                return
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        local = artifact.resolve_artifact(f"{base}/m", tmp_path / "cache")
+        assert load_model(local).version == "v1"
+        assert sorted(asked) == sorted(3 * ["/m/model.safetensors", "/m/config.json"])
+        asked.clear()
+        with pytest.raises(ArtifactError, match="404"):
+            artifact.resolve_artifact(f"{base}/nowhere", tmp_path / "cache")
+        assert asked == ["/nowhere/model.safetensors"], "a 404 is not retried"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert site.is_dir()
+
+
+# ------------------------------------------------------------------ artifacts in S3
+class S3Store:
+    """A folder served as the bucket ``models`` by gofakes3 (an S3-compatible server process)
+    on loopback, and the pod-side env that points boto3 at it (endpoint and credentials, as a
+    Secret would give them)."""
+
+    def __init__(self, folder: Path) -> None:
+        import subprocess
+
+        from kvrank.tools.processes import free_port
+
+        self.folder, self.port = folder, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        root = Path(__file__).resolve().parents[3]
+        built = subprocess.run(
+            ["bash", str(root / "scripts" / "build-gofakes3.sh")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        self.binary = Path(built.stdout.strip().splitlines()[-1]) / "gofakes3"
+        self.env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+            "AWS_ACCESS_KEY_ID": "kvrank-test",
+            "AWS_SECRET_ACCESS_KEY": "kvrank-test-secret",
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def start(self) -> None:
+        import subprocess
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [str(self.binary), "-backend", "directfs", "-directfs.path", str(self.folder),
+             "-directfs.bucket", "models", "-host", f"127.0.0.1:{self.port}", "-quiet"],
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    store = S3Store(tmp_path / "bucket")
+    for key, value in store.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    yield store
+    store.stop()
+
+
+def test_an_s3_artifact_is_downloaded_once_checked_and_scores_identically(
+    factory, tiny_cfg, tmp_path, s3
+) -> None:
+    import hashlib
+
+    from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
+
+    model = factory.model(tiny_cfg, version="v7")
+    stored = save_model(model, s3.folder / "feed" / "v7")
+    good = hashlib.sha256((stored / WEIGHTS_FILE).read_bytes()).hexdigest()
+    s3.start()
+    wrong = "f" * 64
+    with pytest.raises(ArtifactError, match=rf"sha256 {good}, expected {wrong}"):
+        resolve_artifact("s3://models/feed/v7", tmp_path / "cache", wrong)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-trusted kept
+    local = resolve_artifact("s3://models/feed/v7/", tmp_path / "cache", good)
+    loaded = load_model(local)
+    user, cands = factory.user(tiny_cfg, 9, 2), factory.candidates(tiny_cfg, 4, 2)
+    assert torch.equal(
+        loaded.score(loaded.encode_user(user), cands), model.score(model.encode_user(user), cands)
+    )
+    s3.stop()  # a complete download is reused: the store is not asked again
+    assert resolve_artifact("s3://models/feed/v7/", tmp_path / "cache", good) == local
+
+
+def test_s3_errors_name_the_object_and_leave_nothing_behind(tmp_path, s3) -> None:
+    from kvrank.model.artifact import resolve_artifact
+
+    s3.start()
+    with pytest.raises(
+        ArtifactError, match=r"s3://models/feed/v404/model\.safetensors failed.*404"
+    ):
+        resolve_artifact("s3://models/feed/v404", tmp_path / "cache")
+    with pytest.raises(ArtifactError, match=r"s3://elsewhere/feed/v1/model\.safetensors failed"):
+        resolve_artifact("s3://elsewhere/feed/v1", tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_an_s3_store_that_comes_up_late_is_waited_for(factory, tiny_cfg, tmp_path, s3) -> None:
+    """Retries with a backoff: the first tries find no server (a pod starting while
+    the store's endpoint is still down), a later one downloads."""
+    import threading
+    import time
+
+    from kvrank.model.artifact import resolve_artifact
+
+    save_model(factory.model(tiny_cfg, version="v8"), s3.folder / "feed" / "v8")
+    started = time.monotonic()
+    late = threading.Timer(0.7, s3.start)
+    late.start()
+    try:
+        local = resolve_artifact("s3://models/feed/v8", tmp_path / "cache")
+    finally:
+        late.join()
+    assert load_model(local).version == "v8"
+    assert time.monotonic() - started >= 0.7, "the store was not up before the first try"
