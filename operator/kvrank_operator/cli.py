@@ -11,7 +11,7 @@ from kvrank_operator import __version__
 if TYPE_CHECKING:
     from kvrank_operator.manifests import PodMonitoring
     from kvrank_operator.reconcile import Options
-    from kvrank_operator.spec import DefaultImages
+    from kvrank_operator.spec import Defaults
 
 RankerImage = Annotated[
     str | None,
@@ -24,7 +24,14 @@ RedisImage = Annotated[
 RouterImage = Annotated[
     str | None, typer.Option(help="The bundled router image of a spec that names none.")
 ]
-"""The default images (``run`` and ``render`` take the same three)."""
+PlatformIds = Annotated[
+    bool,
+    typer.Option(
+        help="Leave runAsUser/runAsGroup/fsGroup unset on the pods made (OpenShift's"
+        " restricted-v2 SCC assigns them from the namespace's range)."
+    ),
+]
+"""What a spec leaves to the operator (``run`` and ``render`` take the same four)."""
 
 app = typer.Typer(
     help="kvrank operator: RankerDeployment → ranker pods + Redis, canary caches, TTL tuning.",
@@ -75,6 +82,7 @@ def run(
     ranker_image: RankerImage = None,
     redis_image: RedisImage = None,
     router_image: RouterImage = None,
+    platform_ids: PlatformIds = False,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -90,18 +98,20 @@ def run(
     monitoring = None
     if pod_monitor:
         monitoring = _pod_monitoring(pod_monitor_label or [], pod_monitor_interval)
-    images = _images(ranker_image, redis_image, router_image)
-    options = Options(redis_health=check_and_heal, monitoring=monitoring, images=images)
+    defaults = _defaults(ranker_image, redis_image, router_image, platform_ids)
+    options = Options(redis_health=check_and_heal, monitoring=monitoring, defaults=defaults)
     _serve(
         kubeconfig, namespace or [], metrics_port, liveness_port, lease, lease_namespace, options
     )
 
 
-def _images(ranker: str | None, redis: str | None, router: str | None) -> DefaultImages:
-    from kvrank_operator.spec import DefaultImages
+def _defaults(
+    ranker: str | None, redis: str | None, router: str | None, platform_ids: bool
+) -> Defaults:
+    from kvrank_operator.spec import Defaults
 
     given = {"ranker": ranker, "redis": redis, "router": router}
-    return DefaultImages(**{k: v for k, v in given.items() if v})
+    return Defaults(**{k: v for k, v in given.items() if v}, platform_ids=platform_ids)
 
 
 def _configure_logging(log_format: str) -> None:
@@ -264,6 +274,7 @@ def render(
     ranker_image: RankerImage = None,
     redis_image: RedisImage = None,
     router_image: RouterImage = None,
+    platform_ids: PlatformIds = False,
 ) -> None:
     """Print the objects the operator would apply for a RankerDeployment (its first pass;
     Secrets' values redacted): for review, diffs and manifest linters. No cluster needed."""
@@ -279,8 +290,8 @@ def render(
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         monitoring = _pod_monitoring([], "30s") if pod_monitor else None
-        images = _images(ranker_image, redis_image, router_image)
-        objects = [obj for doc in docs for obj in build(doc, namespace, monitoring, images)]
+        defaults = _defaults(ranker_image, redis_image, router_image, platform_ids)
+        objects = [obj for doc in docs for obj in build(doc, namespace, monitoring, defaults)]
     except (OSError, yaml.YAMLError, OperatorError) as exc:
         typer.echo(f"kvrank-operator render: {file}: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -41,7 +41,7 @@ from kvrank_operator.reconcilers import (
 )
 from kvrank_operator.reconcilers.base import Event, Pass, Report
 from kvrank_operator.reconcilers.observe import Observed, observe
-from kvrank_operator.spec import DefaultImages, RankerSpec, parse_spec
+from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
 from kvrank_operator.state import (
     Condition,
     ConditionUpdate,
@@ -81,8 +81,8 @@ class Options:
     alone says."""
     monitoring: m.PodMonitoring | None = None
     """A PodMonitor per RankerDeployment; ``None``: none."""
-    images: DefaultImages = field(default_factory=DefaultImages)
-    """The images of a spec that names none."""
+    defaults: Defaults = field(default_factory=Defaults)
+    """What a spec leaves to the operator: images, ids."""
 
 
 def reconcile(
@@ -95,7 +95,7 @@ def reconcile(
     instance = Instance.from_body(body)
     prior = Status.from_storage(body.get("status"))
     try:
-        spec = parse_spec(body.get("spec") or {}, options.images)
+        spec = parse_spec(body.get("spec") or {}, options.defaults)
     except SpecError as exc:
         return _invalid(instance, prior, exc, now)
     return _pass(Pass(kube, instance, spec, prior, now), memory or Memory(), options)

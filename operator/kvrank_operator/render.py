@@ -23,7 +23,7 @@ from kvrank_operator.errors import DocumentError
 from kvrank_operator.manifests.gateway import gateway_objects
 from kvrank_operator.manifests.router import router_objects
 from kvrank_operator.rollout import effective
-from kvrank_operator.spec import DefaultImages, RankerSpec, parse_spec
+from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
 from kvrank_operator.ttl import next_ttl
 
 REDACTED = "<redacted: generated in the cluster>"
@@ -34,7 +34,7 @@ def render(
     doc: Mapping[str, Any],
     namespace: str | None = None,
     monitoring: m.PodMonitoring | None = None,
-    images: DefaultImages | None = None,
+    defaults: Defaults | None = None,
 ) -> list[dict[str, Any]]:
     """The objects, in the order the operator applies them; raises
     :class:`~kvrank_operator.errors.SpecError` naming a spec field the operator would
@@ -46,7 +46,7 @@ def render(
     if not meta.get("name"):
         raise DocumentError("metadata.name", "required")
     name, ns = str(meta["name"]), namespace or meta.get("namespace") or "default"
-    spec = parse_spec(doc.get("spec") or {}, images or DefaultImages())
+    spec = parse_spec(doc.get("spec") or {}, defaults or Defaults())
     live = effective(spec, None)
     out = [
         _redacted(d.obj) for d in m.desired_redis(spec, name, ns, REDACTED, _tls(spec, name, ns))

@@ -24,14 +24,20 @@ REDIS_IMAGE = "redis:7.2"
 
 
 @dataclass(frozen=True)
-class DefaultImages:
-    """The images a spec that names none runs: the operator's (``--ranker-image``,
-    ``--redis-image``, ``--router-image``; the chart's ``defaultImages``), so a site with its
-    own registry sets them once instead of on every RankerDeployment."""
+class Defaults:
+    """What the operator supplies where a spec is silent (its command line; the chart's
+    ``defaultImages`` and ``podIds``), set once for a site instead of on every
+    RankerDeployment: the images a spec that names none runs (``--ranker-image``,
+    ``--redis-image``, ``--router-image``), and whether pods leave their ids to the
+    platform (``--platform-ids``)."""
 
     ranker: str = DEFAULT_IMAGE
     redis: str = REDIS_IMAGE
     router: str = ROUTER_IMAGE
+    platform_ids: bool = False
+    """No ``runAsUser``/``runAsGroup``/``fsGroup`` on the pods the operator makes: OpenShift's
+    restricted-v2 SCC assigns them from the namespace's range (and refuses pods that fix
+    others). ``model.pod.securityContext`` set in a spec still wins."""
 
 
 ROUTING_HEADER = "X-KVRank-User"
@@ -323,6 +329,13 @@ class RankerSpec:
     service_type: str = "ClusterIP"
     routing: RoutingSpec = field(default_factory=RoutingSpec)
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
+    platform_ids: bool = False
+    """Not in the CRD: the operator's :attr:`Defaults.platform_ids`."""
+
+    def ids(self, uid: int) -> int | None:
+        """The uid (and gid) a pod of ours runs as: ``uid``, or ``None`` where the platform
+        assigns them."""
+        return None if self.platform_ids else uid
 
     def artifact_of(self, role: str) -> tuple[str, str | None]:
         """(uri, sha256) of the stable or the canary version."""
@@ -373,9 +386,9 @@ def namespace_for(version: str) -> str:
     return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
 
 
-def parse_spec(spec: dict[str, Any], images: DefaultImages | None = None) -> RankerSpec:
+def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> RankerSpec:
     """The typed spec; an image the spec does not name is the operator's default."""
-    images = images or DefaultImages()
+    images = defaults or Defaults()
     m = spec.get("model") or {}
     model = ModelSpec(
         version=_req(m, "version", "model"),
@@ -429,6 +442,7 @@ def parse_spec(spec: dict[str, Any], images: DefaultImages | None = None) -> Ran
         svc.get("type", RankerSpec.service_type),
         _routing(spec.get("routing") or {}, images.router),
         _admission(spec.get("admission") or {}),
+        platform_ids=images.platform_ids,
     )
 
 

@@ -490,3 +490,34 @@ def test_the_default_images_reach_the_operator_pinned_by_digest_when_given() -> 
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f"@{digest}")
     out = helm("template", "rel", str(CHART), "--set", "defaultImages.redis.digest=latest")
     assert out.returncode != 0 and "defaultImages/redis/digest" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "platform"),
+    [
+        ((), False),
+        (("--api-versions", "security.openshift.io/v1"), True),  # auto on OpenShift
+        (("--set", "podIds=platform"), True),
+        (("--set", "podIds=fixed", "--api-versions", "security.openshift.io/v1"), False),
+    ],
+    ids=["plain cluster", "OpenShift", "platform", "fixed on OpenShift"],
+)
+def test_on_openshift_no_pod_fixes_its_uid_and_the_operator_is_told_so(
+    args: tuple[str, ...], platform: bool
+) -> None:
+    docs = render("--set", "monitoring.podMonitor.enabled=false", *args)
+    pods = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+        if "template" in d["spec"]
+        else d["spec"]
+        for d in docs
+        if d["kind"] in ("Deployment", "Job", "Pod")
+    }
+    assert {k.split("/")[0] for k in pods} == {"Deployment", "Job", "Pod"}  # hook, helm test
+    for name, pod in pods.items():
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] is True, name
+        assert ("runAsUser" in security) is not platform, f"{name}: {security}"
+    assert ("--platform-ids" in operator_args(docs)) is platform
+    out = helm("template", "rel", str(CHART), "--set", "podIds=openshift")
+    assert out.returncode != 0 and "podIds" in out.stderr

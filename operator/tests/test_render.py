@@ -105,3 +105,46 @@ def test_a_document_the_operator_would_refuse_is_refused_naming_the_field(doc, n
     out = render("-f", "-", stdin=doc)
     assert out.returncode == 2 and not out.stdout
     assert named in out.stderr, out.stderr
+
+
+def test_with_platform_ids_no_pod_fixes_its_uid_unless_the_spec_does() -> None:
+    """OpenShift's restricted-v2 SCC assigns each namespace's pods a uid from its range and
+    refuses pods that fix another: with ``--platform-ids`` (the chart's ``podIds``) no pod
+    the operator makes names one — rankers, Redis, its bootstrap Job, the router, a purge
+    Job — and every pod still says it runs as non-root."""
+    from kvrank_operator import manifests as m
+    from kvrank_operator.spec import Defaults, parse_spec
+
+    doc = (
+        "apiVersion: kvrank.io/v1alpha1\nkind: RankerDeployment\nmetadata: {name: feed}\n"
+        "spec: {model: {version: v1, uri: /models/v1}, routing: {mode: bundled},"
+        " cache: {redis: {mode: managed, tls: true}}}\n"
+    )
+
+    def pods(*flags: str, text: str = doc) -> dict[str, dict[str, object]]:
+        out = render("-f", "-", *flags, stdin=text)
+        assert out.returncode == 0, out.stderr
+        return {
+            f"{o['kind']}/{o['metadata']['name']}": o["spec"]["template"]["spec"]
+            for o in yaml.safe_load_all(out.stdout)
+            if o["kind"] in ("Deployment", "StatefulSet", "Job")
+        }
+
+    ids = {"runAsUser", "runAsGroup", "fsGroup"}
+    platform = pods("--platform-ids")
+    assert set(platform) == {"Deployment/feed-v1", "StatefulSet/feed-redis",
+                             "Job/feed-redis-bootstrap", "Deployment/feed-router"}  # fmt: skip
+    for name, pod in platform.items():
+        security = pod["securityContext"]
+        assert isinstance(security, dict) and security["runAsNonRoot"] is True, name
+        assert not ids & security.keys(), f"{name} fixes {ids & security.keys()}"
+    for name, pod in pods().items():  # by default every pod runs as the images' uid
+        assert pod["securityContext"]["runAsUser"] == 10001, name  # type: ignore[index]
+    own = doc.replace(
+        "uri: /models/v1}", "uri: /models/v1, pod: {securityContext: {runAsUser: 1000700000}}}"
+    )
+    ranker = pods("--platform-ids", text=own)["Deployment/feed-v1"]["securityContext"]
+    assert ranker["runAsUser"] == 1000700000 and "fsGroup" not in ranker  # type: ignore[index]
+    spec = parse_spec(yaml.safe_load(doc)["spec"], Defaults(platform_ids=True))
+    purge = m.purge_job(spec, "feed", "prod", "v-v0", "2026-01-01T00:00:00Z")
+    assert not ids & purge["spec"]["template"]["spec"]["securityContext"].keys()

@@ -208,3 +208,14 @@ is the chart's appVersion where "appVersion" is given (kvrank's own images).
 {{- $tag := .image.tag | default .appVersion -}}
 {{- .image.repository -}}{{- if $tag }}:{{ $tag }}{{ end -}}{{- if .image.digest }}@{{ .image.digest }}{{ end -}}
 {{- end -}}
+
+{{/*
+"true" when pods leave their uid and gid to the platform: podIds platform, or auto on a
+cluster that serves security.openshift.io/v1 (OpenShift, whose restricted-v2 SCC assigns them
+from the namespace's range and refuses pods that fix others); empty otherwise.
+*/}}
+{{- define "kvrank-operator.platformIds" -}}
+{{- if or (eq .Values.podIds "platform") (and (eq .Values.podIds "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}
+true
+{{- end -}}
+{{- end }}

@@ -88,14 +88,12 @@ NO_API_TOKEN = {"automountServiceAccountToken": False}
 ServiceAccount token mounted for a compromised process to use."""
 
 
-def restricted_pod(uid: int, fs_group: int | None = None) -> dict[str, Any]:
-    """Pod-level security that Pod Security ``restricted`` admits."""
-    ctx: dict[str, Any] = {
-        "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": uid,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def restricted_pod(uid: int | None, fs_group: int | None = None) -> dict[str, Any]:
+    """Pod-level security that Pod Security ``restricted`` admits; ``uid`` (also the gid)
+    ``None``: the platform assigns the ids (:meth:`RankerSpec.ids`)."""
+    ctx: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if uid is not None:
+        ctx["runAsUser"] = ctx["runAsGroup"] = uid
     if fs_group is not None:
         ctx["fsGroup"] = fs_group
     return ctx

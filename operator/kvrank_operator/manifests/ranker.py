@@ -147,7 +147,8 @@ def ranker_pod(
     resources = ranker_resources(spec)
     volumes, mounts = _volumes(spec, instance, resources["limits"]["ephemeral-storage"])
     knobs = spec.model.pod
-    security = restricted_pod(knobs.run_as_user or RANKER_UID, fs_group=RANKER_UID)
+    uid = spec.ids(RANKER_UID)
+    security = restricted_pod(knobs.run_as_user or uid, fs_group=uid)
     if knobs.run_as_group is not None:
         security["runAsGroup"] = knobs.run_as_group
     if knobs.fs_group is not None:
@@ -468,7 +469,7 @@ def purge_job(
                 "spec": {
                     "restartPolicy": "OnFailure",
                     **NO_API_TOKEN,
-                    "securityContext": restricted_pod(RANKER_UID),
+                    "securityContext": restricted_pod(spec.ids(RANKER_UID)),
                     "containers": [
                         {
                             "name": "purge",

@@ -96,7 +96,7 @@ def managed_redis(
     Job + NetworkPolicy + PDB, in the order they are applied. ``tls``: freshly generated
     material for the TLS Secret (used when TLS is on without a Secret of the user's)."""
     r, name = spec.cache.redis, redis_name(instance)
-    rl = labels(instance, "redis")
+    rl, uid = labels(instance, "redis"), spec.ids(REDIS_UID)
 
     def obj(api: str, kind: str, suffix: str = "", **body: Any) -> dict[str, Any]:
         meta = {"name": name + suffix, "namespace": namespace, "labels": rl}
@@ -111,8 +111,10 @@ def managed_redis(
         obj("v1", "Secret", "-auth", type="Opaque", stringData={"password": password}),
         *generated_tls,
         obj("v1", "Service", "-headless", spec=_headless_service(rl)),
-        obj("apps/v1", "StatefulSet", spec=_sts(r, instance, rl)),
-        _bootstrap_job(r, instance, namespace, obj("batch/v1", "Job", "-bootstrap")["metadata"]),
+        obj("apps/v1", "StatefulSet", spec=_sts(r, instance, rl, uid)),
+        _bootstrap_job(
+            r, instance, namespace, obj("batch/v1", "Job", "-bootstrap")["metadata"], uid
+        ),
         obj("networking.k8s.io/v1", "NetworkPolicy", spec=_network_policy(instance, rl)),
         obj(
             "policy/v1",
@@ -166,7 +168,7 @@ def _auth_env(name: str) -> list[dict[str, Any]]:
     return [{"name": "REDIS_PASSWORD", "valueFrom": secret}]
 
 
-def _sts(r: RedisSpec, instance: str, rl: dict[str, str]) -> dict[str, Any]:
+def _sts(r: RedisSpec, instance: str, rl: dict[str, str], uid: int | None) -> dict[str, Any]:
     """Parallel start (the bootstrap Job waits for all); emptyDir data unless persistent."""
     name = redis_name(instance)
     tls_secret = tls_secret_name(instance, r)
@@ -181,7 +183,7 @@ def _sts(r: RedisSpec, instance: str, rl: dict[str, str]) -> dict[str, Any]:
             "metadata": {"labels": rl},
             "spec": {
                 **NO_API_TOKEN,
-                "securityContext": restricted_pod(REDIS_UID, fs_group=REDIS_UID),
+                "securityContext": restricted_pod(uid, fs_group=uid),
                 "containers": [_redis_container(r, name)],
                 # a shard and its replica on one node, or in one zone, would fail together
                 "topologySpreadConstraints": [
@@ -250,7 +252,7 @@ def redis_resources(r: RedisSpec) -> dict[str, Any]:
 
 
 def _bootstrap_job(
-    r: RedisSpec, instance: str, namespace: str, metadata: dict[str, Any]
+    r: RedisSpec, instance: str, namespace: str, metadata: dict[str, Any], uid: int | None
 ) -> dict[str, Any]:
     """Forms the cluster once, over the headless Service's per-pod DNS names."""
     name = redis_name(instance)
@@ -283,7 +285,7 @@ def _bootstrap_job(
                 "spec": {
                     "restartPolicy": "OnFailure",
                     **NO_API_TOKEN,
-                    "securityContext": restricted_pod(REDIS_UID),
+                    "securityContext": restricted_pod(uid),
                     "containers": [container],
                     **({"volumes": [ca[0]]} if ca else {}),
                 },

@@ -208,7 +208,7 @@ def _router_deployment(spec: RankerSpec, instance: str, namespace: str) -> dict[
     }
     pod = {
         **NO_API_TOKEN,
-        "securityContext": restricted_pod(UID),
+        "securityContext": restricted_pod(spec.ids(UID)),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
         "terminationGracePeriodSeconds": 15,
