@@ -253,13 +253,16 @@ class Stack:
         prefix = SLOW_PREFIX if slow else ""
         return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/{model}/{version}"
 
-    def adapt(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """This run's images, the artifact store's URL, a managed 3-master Redis Cluster."""
+    def adapt(self, doc: dict[str, Any], artifact: bool = True) -> dict[str, Any]:
+        """This run's images, the artifact store's URL (``artifact=False``: the example's
+        own ``uri`` and ``volume``), a managed 3-master Redis Cluster, pods sized for a
+        2-core node."""
         doc = json.loads(json.dumps(doc))
         spec = doc["spec"]
         spec["model"]["image"] = self.images.ranker
-        spec["model"]["uri"] = self.model_uri(spec["model"]["version"])
-        spec["model"].pop("volume", None)
+        if artifact:
+            spec["model"]["uri"] = self.model_uri(spec["model"]["version"])
+            spec["model"].pop("volume", None)
         # the node's GPUs are a fake extended resource (GPU-requesting pods schedule, as on a
         # GPU node); told they have one, rankers would exit for want of CUDA: they use the CPU
         spec["model"]["env"] = [{"name": "KVRANK_DEVICE", "value": "cpu"}]
@@ -288,6 +291,32 @@ class Stack:
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "pods"}
+
+    def model_claim(self, claim: str) -> None:
+        """A PersistentVolumeClaim ``claim`` holding the artifacts (``feed-ranker/<version>``
+        under its root), as a training job would leave them: a claim bound to a PersistentVolume
+        over the node's copy of the files (the pods mount the claim, never a hostPath)."""
+        pv = f"{NS}-{claim}"
+        self.apply_cluster(
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
+                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                      "hostPath": {"path": str(self.models), "type": "Directory"},
+                      "claimRef": {"namespace": NS, "name": claim}}}
+        )  # fmt: skip
+        self.apply(
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+        )  # fmt: skip
+        self.wait_for(
+            lambda: (self.get("pvc", claim) or {}).get("status", {}).get("phase") == "Bound",
+            f"pvc/{claim} bound",
+        )
+
+    def apply_cluster(self, doc: dict[str, Any]) -> None:
+        """A cluster-scoped object (removed with the cluster)."""
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
     def s3_endpoint(self) -> str:
         """Where pods reach the S3-compatible store holding the artifacts (bucket

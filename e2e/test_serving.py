@@ -214,8 +214,23 @@ def test_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_cod
     assert stack.score(ranker.version_name("s1"), still).status_code == 200
 
 
-def test_delete_removes_everything_it_created(stack: Stack, rankers: Rankers) -> None:
-    ranker = rankers.create("deleted")
+def test_a_model_on_a_claim_serves_and_delete_removes_everything_it_created(
+    stack: Stack, rankers: Rankers
+) -> None:
+    """``examples/pvc-model.yaml`` (only sized for this node): its model read from the
+    claim it names, mounted read-only; deleting the RankerDeployment removes everything it
+    made — and not the claim, which is the user's."""
+    claim = example("pvc-model.yaml")["spec"]["model"]["volume"]["persistentVolumeClaim"]
+    stack.model_claim(claim["claimName"])
+    ranker = rankers.new("claim")
+    doc = stack.adapt(example("pvc-model.yaml"), artifact=False)
+    doc["metadata"]["name"] = ranker.name
+    ranker.apply(doc)
+    ranker.wait_ready("from the claim", timeout=300)
+    (pod, *_) = ranker.pods(version="v3")
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "models")
+    assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}, mount
+    assert ranker.score("from-the-claim")["model_version"] == "v3"
     assert {"statefulset", "job", "deployment", "pod"} <= {
         kind.split(".")[0].split("/")[0] for kind in ranker.owned()
     }, ranker.owned()
@@ -223,3 +238,4 @@ def test_delete_removes_everything_it_created(stack: Stack, rankers: Rankers) ->
     stack.wait_for(lambda: ranker.get() is None, f"rkd/{ranker.name} gone")
     stack.wait_for(lambda: not ranker.owned(), f"everything of {ranker.name} gone", 180)
     assert not stack.endpoints(ranker.name)
+    assert stack.get("pvc", claim["claimName"]) is not None, "the user's claim stays"
