@@ -22,8 +22,9 @@ import datetime as dt
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 Name = Annotated[str, typer.Argument(help="The RankerDeployment.")]
 Namespace = Annotated[
@@ -95,13 +96,14 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def describe(obj: dict[str, Any]) -> Table:
+def describe(obj: dict[str, Any]) -> Group:
     """What ``status`` prints of a RankerDeployment: its versions, rollout, checks, cache
-    namespaces, TTL and conditions, as rows of one borderless table."""
+    namespaces, TTL (short cells in one borderless table), then the rollout's message and
+    the conditions, a line each (messages are long: they end their lines)."""
     meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status") or {}
     table = Table.grid(padding=(0, 2))
     for _ in range(6):
-        table.add_column()
+        table.add_column(no_wrap=True)
     table.add_row("Name", f"{meta['name']} ({meta.get('namespace', '')})")
     table.add_row("URL", status.get("url", "-"))
     table.add_row("Ready", status.get("readyText", "-"))
@@ -111,23 +113,10 @@ def describe(obj: dict[str, Any]) -> Table:
         weight = f"{canary.get('weight', 0)}%" if v.get("role") == "canary" and live else ""
         ready = f"{v.get('readyReplicas', 0)}/{v.get('replicas', 0)} ready"
         table.add_row("Version", v["version"], v.get("role", ""), ready, weight)
+    lines: list[str] = []
     if canary:
-        ended = " (ended)" if canary.get("ended") else ""
-        step = canary.get("stepText") or ""
-        paused = " paused" if (spec.get("canary") or {}).get("paused") else ""
-        table.add_row(
-            "Rollout", canary["version"], canary["phase"] + ended + paused, step,
-            f"{canary.get('weight', 0)}%", f"since {canary.get('since', '-')}",
-        )  # fmt: skip
-        table.add_row("", canary.get("message", ""))
-        for check in canary.get("checks") or []:
-            value = check.get("value")
-            bound = (f"max {check['max']:g}" if "max" in check else "") or (
-                f"min {check['min']:g}" if "min" in check else ""
-            )
-            samples = f"{check.get('samples', 0)}/{check.get('minSamples', 0)} samples"
-            shown = "-" if value is None else f"{value:.4g}"
-            table.add_row("Check", check["metric"], shown, bound, samples, check["result"])
+        _rollout(table, canary, bool((spec.get("canary") or {}).get("paused")))
+        lines.append(f"Rollout: {canary.get('message', '')}")
     for ns in status.get("cacheNamespaces") or []:
         when = ns.get("purgeAfter") and f"purge after {ns['purgeAfter']}"
         table.add_row(
@@ -140,14 +129,31 @@ def describe(obj: dict[str, Any]) -> Table:
     if (hits := status.get("hitRatio")) is not None:
         table.add_row("Hit ratio", f"{hits:.3f}", f"at {status.get('observedAt', '-')}")
     for c in status.get("conditions") or []:
-        table.add_row(
-            "Condition", c["type"], c["status"], c.get("reason", ""), c.get("message", "")
+        reason = f" {c['reason']}" if c.get("reason") else ""
+        lines.append(f"Condition {c['type']} {c['status']}{reason}: {c.get('message', '')}")
+    return Group(table, *(Text(line) for line in lines))
+
+
+def _rollout(table: Table, canary: dict[str, Any], paused: bool) -> None:
+    """The rollout's row (version, phase, step, weight, since) and one row per check."""
+    phase = canary["phase"] + (" (ended)" if canary.get("ended") else "")
+    table.add_row(
+        "Rollout", canary["version"], phase + (" paused" if paused else ""),
+        canary.get("stepText") or "", f"{canary.get('weight', 0)}%",
+        f"since {canary.get('since', '-')}",
+    )  # fmt: skip
+    for check in canary.get("checks") or []:
+        value = check.get("value")
+        bound = (f"max {check['max']:g}" if "max" in check else "") or (
+            f"min {check['min']:g}" if "min" in check else ""
         )
-    return table
+        samples = f"{check.get('samples', 0)}/{check.get('minSamples', 0)} samples"
+        shown = "-" if value is None else f"{value:.4g}"
+        table.add_row("Check", check["metric"], shown, bound, samples, check["result"])
 
 
 def _show(obj: dict[str, Any]) -> None:
-    Console(width=200, soft_wrap=True).print(describe(obj))
+    Console(width=240, soft_wrap=True, highlight=False).print(describe(obj))
 
 
 @app.command()

@@ -69,13 +69,22 @@ OBJ: dict[str, Any] = {
         "ttl": {"seconds": 120.0, "meanIntervalSeconds": 41.5, "source": "pods"},
         "hitRatio": 0.8312,
         "observedAt": "2026-12-03T10:01:00Z",
-        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "5/5"}],
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Ready", "message": "5/5"},
+            # a long message (the pods' last log line) must not squeeze the table's rows
+            {
+                "type": "RankersStarted",
+                "status": "False",
+                "reason": "StartFailed",
+                "message": "v2: " + "model artifact s3://models/feed/v2 does not match " * 8,
+            },
+        ],
     },
 }
 
 
 def rows(obj: dict[str, Any]) -> list[list[str]]:
-    console = Console(width=200, record=True)
+    console = Console(width=200, record=True, soft_wrap=True)
     with console.capture() as out:
         console.print(describe(obj))
     return [line.split() for line in out.get().splitlines()]
@@ -95,7 +104,8 @@ def test_status_shows_versions_rollout_checks_namespaces_ttl_and_conditions() ->
     assert ["Cache", "kv0", "v0", "retired", "purge", "after", "2026-12-03T10:05:00Z"] in got
     assert ["TTL", "120s", "pods", "mean", "interval", "41.5s"] in got
     assert ["Hit", "ratio", "0.831", "at", "2026-12-03T10:01:00Z"] in got
-    assert ["Condition", "Ready", "True", "Ready", "5/5"] in got
+    assert ["Condition", "Ready", "True", "Ready:", "5/5"] in got
+    assert ["Rollout:", "step", "1/2", "at", "20%:", "paused", "(checks", "pass)"] in got
 
 
 def test_a_new_object_without_status_still_prints() -> None:
