@@ -40,10 +40,9 @@ venv: $(STAMP) ## Create .venv and install kvrank with all extras (reused while 
 services: ## Install the service binaries the tests start (redis-server) when missing
 	@bash scripts/ensure-services.sh
 
-kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … and the tests' S3 store from Go modules
+kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, CoreDNS … from Go modules
 	@# side by side: one downloads while the other compiles
-	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; \
-	  bash scripts/build-gofakes3.sh >/dev/null; wait $$cp
+	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
 
 lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows, kube-score on the manifests
 	$(VENV)/bin/ruff check ranker operator e2e images examples benchmarks
@@ -60,14 +59,16 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 	@$(PHASE) pytest $(MAKE) --no-print-directory test-only
 	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
-# Before the suite, side by side: the Go builds (compiling) beside the venv and then the
-# images the cluster scenarios run (mostly downloads and unpacking), so the cluster lane finds
-# every image layer cached instead of building them on its critical path. Both need what
+# Before the suite, side by side: the Go builds (compiling) beside the tests' S3 store (a
+# small Go build), the venv and then the images the cluster scenarios run (mostly downloads
+# and unpacking), so the cluster lane finds every image layer cached instead of building
+# them on its critical path. Both need what
 # `services` installs (runc links libseccomp; the images need dockerd and debootstrap).
 prepare-kube-bins:
 	@$(PHASE) kube-bins $(MAKE) --no-print-directory kube-bins
 
 prepare-images:
+	@$(PHASE) s3-store sh -c 'bash scripts/build-gofakes3.sh >/dev/null'
 	@$(PHASE) venv $(MAKE) --no-print-directory venv
 	@$(PHASE) images $(MAKE) --no-print-directory test-images
 
