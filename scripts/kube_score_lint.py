@@ -25,19 +25,28 @@ GRADES = {1: "CRITICAL", 5: "WARNING"}
 KUBE_VERSION = "1.37.2"
 
 
-def ignored(path: Path = IGNORE) -> tuple[dict[str, str], list[str]]:
-    """``(check id → why kvrank does not follow it, kube-score flags that turn off part of
-    a check)``; each entry must say why."""
+def ignored(path: Path = IGNORE) -> tuple[dict[str, set[str] | None], list[str]]:
+    """``(check id → the manifests it is not followed in (None: all), kube-score flags that
+    turn off part of a check)``; each entry must say why, and one with ``only`` names the
+    manifests (``chart-<ci values file>``, ``example-<file>``) where that reason holds."""
     entries = yaml.safe_load(path.read_text()) or []
-    checks, flags = {}, []
+    checks: dict[str, set[str] | None] = {}
+    flags = []
     for e in entries:
         if not str(e.get("reason", "")).strip():
             sys.exit(f"{path}: {e.get('check')!r} has no reason")
         if e.get("flag"):
             flags.append(str(e["flag"]))
         else:
-            checks[str(e["check"])] = str(e["reason"])
+            checks[str(e["check"])] = set(e["only"]) if e.get("only") else None
     return checks, flags
+
+
+def skipped(row: dict[str, str], checks: dict[str, set[str] | None]) -> bool:
+    if row["check"] not in checks:
+        return False
+    where = checks[row["check"]]
+    return where is None or row["manifest"] in where
 
 
 def manifests(helm: str, workdir: Path) -> list[Path]:
@@ -58,10 +67,14 @@ def manifests(helm: str, workdir: Path) -> list[Path]:
 
 
 def findings(kube_score: str, files: list[Path], flags: list[str]) -> list[dict[str, str]]:
-    """Every CRITICAL and WARNING, one row each."""
+    """Every CRITICAL and WARNING, one row each, naming the manifest it is in."""
+    return [row for f in files for row in _findings(kube_score, f, flags)]
+
+
+def _findings(kube_score: str, file: Path, flags: list[str]) -> list[dict[str, str]]:
     result = subprocess.run(
         [kube_score, "score", "--output-format", "json", "--kubernetes-version", "v1.37",
-         *flags, *map(str, files)],
+         *flags, str(file)],
         capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode not in (0, 1):  # 1: findings; anything else: it could not score
@@ -83,6 +96,7 @@ def findings(kube_score: str, files: list[Path], flags: list[str]) -> list[dict[
                     "check": check["check"]["id"],
                     "object": where,
                     "file": Path(source).name,
+                    "manifest": file.stem,
                     "why": comments,
                 }
             )
@@ -100,8 +114,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kube-score-") as tmp:
         files = [*manifests(args.helm, Path(tmp)), *args.extra]
         rows = findings(args.kube_score, files, flags)
-    critical = [r for r in rows if r["grade"] == "CRITICAL" and r["check"] not in skip]
-    warnings = [r for r in rows if r["grade"] == "WARNING" and r["check"] not in skip]
+    critical = [r for r in rows if r["grade"] == "CRITICAL" and not skipped(r, skip)]
+    warnings = [r for r in rows if r["grade"] == "WARNING" and not skipped(r, skip)]
     for r in warnings + critical:
         print(f"{r['grade']:8} {r['check']:40} {r['object']} ({r['file']}): {r['why']}")
     print(

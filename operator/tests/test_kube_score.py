@@ -79,3 +79,18 @@ def test_an_ignored_check_is_not_reported_and_each_ignore_says_why(tools, tmp_pa
     assert (
         refused.returncode != 0 and "'container-image-pull-policy' has no reason" in refused.stderr
     )
+
+
+def test_an_ignore_with_only_holds_for_the_manifests_it_names(tools, tmp_path) -> None:
+    """The OpenShift values leave uids to the platform (the check is off there alone): the
+    same finding in any other manifest still fails."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    ignore = tmp_path / "ignore.yaml"
+    repo = (Path(LINT).parents[1] / "lint" / "kube-score-ignore.yaml").read_text()
+    for only, reported in (("[bad]", False), ("[chart-openshift-values]", True)):
+        ignore.write_text(repo.replace("only: [chart-openshift-values]", f"only: {only}"))
+        out = lint(tools, "--ignore", str(ignore), str(bad))
+        rows = [r for r in out.stdout.splitlines() if "Deployment rootish" in r]
+        found = any(" container-security-context-user-group-id " in r for r in rows)
+        assert found is reported, (only, out.stdout)
