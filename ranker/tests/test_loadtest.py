@@ -178,9 +178,17 @@ def test_overload_scenario_compares_admission_control_with_none(tmp_path: Path, 
     is refused before any work and nothing is computed for a caller that left; without it
     nothing is refused, and the server computes answers its callers gave up on."""
     out = tmp_path / "overload.json"
-    kvrank_cli("loadtest", "--scenario", "overload", "--duration", "3", "--json", str(out))
-    report = json.loads(out.read_text())
-    shed, off = report["modes"]["shed"], report["modes"]["off"]
+    for _ in range(3):
+        kvrank_cli("loadtest", "--scenario", "overload", "--duration", "3", "--json", str(out))
+        report = json.loads(out.read_text())
+        shed, off = report["modes"]["shed"], report["modes"]["off"]
+        # the claims hold of a spike that overloads: capacity is measured once, before the
+        # spikes, and on a machine whose load changes meanwhile (the other test lane) 4x of
+        # a low reading can be served in time by a server without admission control
+        if off["answered_in_time"] < off["offered"]:
+            break
+    else:
+        raise AssertionError(f"no spike overloaded the server in 3 runs: {report}")
     assert report["capacity_qps"] > 0 and report["settings"]["factor"] == 4.0
     assert shed["offered"] == off["offered"] > 0
     # what the server counted: on a busy machine a shed answer may reach its caller only
