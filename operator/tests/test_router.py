@@ -46,7 +46,7 @@ class Envoy(EnvoyRouter):
             headers={"X-KVRank-User": user},
             timeout=30,
         )
-        assert resp.status_code == 200, resp.text
+        assert resp.status_code == 200, (dict(resp.headers), resp.text)  # who answered
         return dict(resp.json())
 
 

@@ -12,7 +12,9 @@ or the server's default) and is *admitted* before any model work:
   the model thread) leaves no time to serve it before its deadline. The wait is the model
   work queued ahead of it (the runner's estimate, per kind of work) and a request's worth
   for each admitted request not yet at the queue; a request waiting for another's
-  computation (same user, same history) counts until it is served.
+  computation (same user, same history) counts until it is served. An idle pod (nothing
+  admitted, nothing queued) admits any request whose own model time fits before its
+  deadline: ``budget_share`` is the margin for a queue's wait, and there is none.
 - once admitted, every piece of model work checks, as the model thread picks it up, that
   it can end before the deadline (by what that kind of work takes) and that the caller is
   still connected; if not, the work is dropped, never computed (an
@@ -271,6 +273,11 @@ class Admission:
         if self.inflight >= self.settings.max_inflight:
             self._shed("inflight", f"{self.inflight} requests in this pod (max_inflight)")
         wait, left = self.estimated_wait_s(), max(deadline.left_s(), 0.0)
+        if self.inflight == 0 and wait == 0 and self.cost_s <= left:
+            # idle: shedding here would also keep the estimate as it stands (nothing
+            # admitted, nothing measured), so one slow request — a cold start, a stalled
+            # CPU — would have the pod refuse everything from then on
+            return
         if wait + self.cost_s > self.settings.budget_share * left:
             self._shed(
                 "deadline",

@@ -47,6 +47,30 @@ def test_a_request_that_would_wait_past_its_deadline_is_shed_before_any_work(clo
     assert admission.inflight == 0  # the shed one never counted
 
 
+def test_an_idle_pod_admits_what_it_can_serve_in_time_so_one_slow_request_is_not_its_last(
+    clock,
+) -> None:
+    """One request that took 2 s (a cold start, a stalled CPU) puts the estimate over a
+    quarter of a 5 s deadline: a busy pod sheds on it, an idle one admits, re-measures and
+    is back to normal; a request whose own work cannot fit is shed even by an idle pod."""
+    admission = Admission(AdmissionSettings(budget_share=0.25))
+    measured(admission, clock, 2.0)
+    with admission.admit(Deadline.after_ms(5_000, clock)) as ticket:  # idle: admitted
+        with pytest.raises(Overloaded), admission.admit(Deadline.after_ms(5_000, clock)):
+            pytest.fail("admitted beside a request in flight")
+        ticket.model_s = 0.01
+    measured(admission, clock, 0.01, n=40)
+    assert admission.cost_s < 0.1  # the estimate followed: nothing is shed any more
+    with admission.admit(Deadline.after_ms(5_000, clock)), admission.admit(
+        Deadline.after_ms(5_000, clock)
+    ):
+        pass
+    slow = Admission(AdmissionSettings())
+    measured(slow, clock, 2.0)
+    with pytest.raises(Overloaded), slow.admit(Deadline.after_ms(1_500, clock)):
+        pytest.fail("admitted work that ends past its deadline")
+
+
 def test_a_pod_that_budgets_the_whole_deadline_admits_up_to_it(clock) -> None:
     queued = [0.5]
     admission = Admission(AdmissionSettings(budget_share=1.0), lambda: queued[0])
