@@ -59,16 +59,17 @@ test: ## Fresh-clone safe: install everything, lint, run ALL tests, stop what wa
 	@$(PHASE) pytest $(MAKE) --no-print-directory test-only
 	@$(PHASE) leftovers bash scripts/check-leftovers.sh
 
-# Before the suite, side by side: the Go builds (compiling) beside the tests' S3 store (a
-# small Go build), the venv and then the images the cluster scenarios run (mostly downloads
-# and unpacking), so the cluster lane finds every image layer cached instead of building
-# them on its critical path. Both need what
-# `services` installs (runc links libseccomp; the images need dockerd and debootstrap).
+# Before the suite, side by side: the Go builds (compiling) beside the tests' S3 and GCS
+# stores (two small Go builds), the venv and then the images the cluster scenarios run
+# (mostly downloads and unpacking), so the cluster lane finds every image layer cached
+# instead of building them on its critical path. Both need what `services` installs (runc
+# links libseccomp; the images need dockerd and debootstrap).
 prepare-kube-bins:
 	@$(PHASE) kube-bins $(MAKE) --no-print-directory kube-bins
 
 prepare-images:
-	@$(PHASE) s3-store sh -c 'bash scripts/build-gofakes3.sh >/dev/null'
+	@$(PHASE) object-stores sh -c \
+	  'bash scripts/build-gofakes3.sh >/dev/null && bash scripts/build-fake-gcs-server.sh >/dev/null'
 	@$(PHASE) venv $(MAKE) --no-print-directory venv
 	@$(PHASE) images $(MAKE) --no-print-directory test-images
 

@@ -44,6 +44,7 @@ from localkube.local import LocalCluster
 from localkube.network import POD_GATEWAY
 from localkube.processes import free_port, wait_for
 from localkube.tools import Cluster
+from object_stores import S3
 
 from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import save_model, save_ranker
@@ -327,9 +328,11 @@ class Stack:
         """``doc`` with its model (and canary) fetched from the S3 store: ``s3://`` URIs,
         the weights' sha256 pinned, and the store's endpoint and credentials in the pods'
         env (the keys from the Secret ``secret``, created here)."""
+        env = S3.env(self.s3_endpoint())
+        keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
         self.apply(
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
-             "stringData": {"access-key-id": "kvrank-e2e", "secret-access-key": "e2e-secret"}}
+             "stringData": {k: env.pop(k) for k in keys}}
         )  # fmt: skip
         doc = json.loads(json.dumps(doc))
         spec = doc["spec"]
@@ -339,15 +342,10 @@ class Stack:
                 part["uri"] = f"s3://{S3_BUCKET}/{path}"
                 weights = (self.models / path / "model.safetensors").read_bytes()
                 part["sha256"] = hashlib.sha256(weights).hexdigest()
-        key = {"secretKeyRef": {"name": secret, "key": "access-key-id"}}
-        secret_key = {"secretKeyRef": {"name": secret, "key": "secret-access-key"}}
         spec["model"]["env"] = [  # once: the same doc again must not change the pods
             *(e for e in spec["model"].get("env", []) if not e["name"].startswith("AWS_")),
-            {"name": "AWS_ENDPOINT_URL", "value": self.s3_endpoint()},
-            {"name": "AWS_ALLOW_HTTP", "value": "true"},
-            {"name": "AWS_REGION", "value": "us-east-1"},
-            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": key},
-            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": secret_key},
+            *({"name": k, "value": v} for k, v in env.items()),
+            *({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}} for k in keys),
         ]
         return doc
 
@@ -507,31 +505,19 @@ class LocalStack(Stack):
         return self.s3_url
 
     def _start_s3(self) -> None:
-        """gofakes3 (an S3-compatible server, built by ``scripts/build-gofakes3.sh``) in the
-        node's network namespace, serving the artifact folder as the bucket ``models``."""
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "build-gofakes3.sh")],
-            capture_output=True, text=True, check=True, timeout=600,
-        )  # fmt: skip
-        binary = Path(built.stdout.strip().splitlines()[-1]) / "gofakes3"
+        """The S3 store (gofakes3) in the node's network namespace, serving the artifact
+        folder as the bucket :data:`S3_BUCKET`."""
         port = free_port()
         assert self.cluster.network is not None
-        self.cluster.supervisor.start(
-            "s3",
-            self.cluster.network.wrap(
-                [str(binary), "-backend", "directfs", "-directfs.path", str(self.models),
-                 "-directfs.bucket", S3_BUCKET, "-host", f"{POD_GATEWAY}:{port}", "-quiet"]
-            ),
-        )  # fmt: skip
+        command = S3.command(self.models, S3_BUCKET, POD_GATEWAY, port)
+        self.cluster.supervisor.start("s3", self.cluster.network.wrap(command))
         self.s3_url = f"http://{POD_GATEWAY}:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{self.s3_url}/{S3_BUCKET}/", timeout=1).status_code < 500
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, "the S3 store up", 60, lambda: self.cluster.logs(40))
+        wait_for(
+            lambda: S3.up(self.s3_url, S3_BUCKET),
+            "the S3 store up",
+            60,
+            lambda: self.cluster.logs(40),
+        )
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}

@@ -3,7 +3,7 @@
 #   build-go-tool.sh NAME MODULE VERSION PACKAGE [LDFLAGS]
 # Prints the bin directory as its last line of stdout; a second run finds the binary and
 # returns at once. (The tools the tests and the linters run: see build-kube-score.sh and
-# build-gofakes3.sh.)
+# build-gofakes3.sh, build-fake-gcs-server.sh.)
 set -euo pipefail
 
 NAME="$1" MODULE="$2" VERSION="$3" PACKAGE="$4" LDFLAGS="${5:-}"

@@ -59,9 +59,9 @@ _QUANTITY = {
 }
 _HTTP_URI = {
     "rule": "!self.uri.contains('://') || self.uri.startsWith('http://')"
-    " || self.uri.startsWith('https://') || self.uri.matches('^s3://[a-z0-9][a-z0-9.-]*/')",
-    "message": "only http(s):// URLs and s3://bucket/prefix are fetched; other artifacts are a"
-    " path in model.volume or baked into the image",
+    " || self.uri.startsWith('https://') || self.uri.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*/')",
+    "message": "only http(s):// URLs, s3://bucket/prefix and gs://bucket/prefix are fetched;"
+    " other artifacts are a path in model.volume or baked into the image",
     "fieldPath": ".uri",
     "reason": "FieldValueInvalid",
 }
@@ -144,9 +144,11 @@ MODEL = _obj(
             "minLength": 1,
             "maxLength": 1024,
             "description": "Artifact location (config.json and model.safetensors under it): a"
-            " path in a mounted volume or the image, an http(s):// URL, or s3://bucket/prefix"
+            " path in a mounted volume or the image, an http(s):// URL, s3://bucket/prefix"
             " (credentials, region and endpoint from model.env: AWS_ACCESS_KEY_ID and"
-            " AWS_SECRET_ACCESS_KEY from a Secret, or IRSA; AWS_ENDPOINT_URL for MinIO or Ceph).",
+            " AWS_SECRET_ACCESS_KEY from a Secret, or IRSA; AWS_ENDPOINT_URL for MinIO or Ceph)"
+            " or gs://bucket/prefix (GOOGLE_SERVICE_ACCOUNT_KEY from a Secret, or GKE Workload"
+            " Identity).",
         },
         "sha256": {
             "type": "string",

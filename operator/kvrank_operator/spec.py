@@ -43,6 +43,8 @@ class Defaults:
 ROUTING_HEADER = "X-KVRank-User"
 """The header callers put the user id in (the rankers' ``routing_header`` default)."""
 MODELS_MOUNT = "/models"
+FETCHED_SCHEMES = ("http://", "https://", "s3://", "gs://")
+"""The artifact URIs a ranker downloads at start (any other `://` is refused at apply)."""
 
 
 @dataclass(frozen=True)
@@ -409,11 +411,12 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
         ("model.uri", model.uri),
         ("canary.uri", (spec.get("canary") or {}).get("uri")),
     ):
-        if uri and "://" in uri and not uri.startswith(("http://", "https://", "s3://")):
+        if uri and "://" in uri and not uri.startswith(FETCHED_SCHEMES):
             raise SpecError(
                 fld,
                 f"scheme {uri.split('://', 1)[0]!r} is not supported: use a path in"
-                " model.volume (or baked into the image), an http(s):// URL or s3://bucket/prefix",
+                " model.volume (or baked into the image), an http(s):// URL, s3://bucket/prefix"
+                " or gs://bucket/prefix",
             )
     if model.volume and not model.uri.startswith(MODELS_MOUNT + "/"):
         raise SpecError(

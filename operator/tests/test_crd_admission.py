@@ -108,7 +108,12 @@ INVALID = [
         "spec.model.version",
     ),
     ("negative replicas", {"model": {**VALID["model"], "replicas": -1}}, "spec.model.replicas"),
-    ("a gs:// artifact", {"model": {"version": "v1", "uri": "gs://bucket/m"}}, "spec.model.uri"),
+    ("an hdfs:// artifact", {"model": {"version": "v1", "uri": "hdfs://nn/m"}}, "spec.model.uri"),
+    (
+        "a gs:// URI without a bucket",
+        {"model": {"version": "v1", "uri": "gs:///m"}},
+        "spec.model.uri",
+    ),
     (
         "an s3:// URI without a bucket",
         {"model": {"version": "v1", "uri": "s3:///m"}},

@@ -48,7 +48,7 @@ def test_examples_parse() -> None:
             {"cache": {"redis": {"mode": "external", "url": "redis://x:1", "tls": True}}},
             "cache.redis.url",
         ),
-        ({"canary": {"version": "v2", "uri": "gs://bucket/v2"}}, "canary.uri"),
+        ({"canary": {"version": "v2", "uri": "hdfs://nn/v2"}}, "canary.uri"),
         ({"cache": {"redis": {"tlsSecretName": "mine"}}}, "cache.redis.tlsSecretName"),
         ({"routing": {"mode": "mesh"}}, "routing.mode"),
         ({"routing": {"mode": "gateway"}}, "routing.gateway.name"),
@@ -365,7 +365,9 @@ def test_model_volume_is_mounted_read_only_under_models() -> None:
         parse_spec({"model": {"version": "v1", "uri": "/elsewhere/v1", "volume": {"emptyDir": {}}}})
 
 
-@pytest.mark.parametrize("uri", ["https://models.example/feed/v1", "s3://models/feed/v1"])
+@pytest.mark.parametrize(
+    "uri", ["https://models.example/feed/v1", "s3://models/feed/v1", "gs://models/feed/v1"]
+)
 def test_url_artifacts_get_a_writable_download_cache(uri: str) -> None:
     spec = parse_spec({"model": {"version": "v1", "uri": uri}})
     pod = m.deployment(spec, "feed", "prod", "v1", spec.model.uri, 1, "stable")["spec"]["template"][
@@ -379,8 +381,8 @@ def test_url_artifacts_get_a_writable_download_cache(uri: str) -> None:
     mount = next(x for x in pod["containers"][0]["volumeMounts"] if x["name"] == "model-cache")
     assert env["KVRANK_MODEL_CACHE_DIR"] == mount["mountPath"]
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
-    with pytest.raises(SpecError, match=r"spec\.model\.uri.*'gs'"):
-        parse_spec({"model": {"version": "v1", "uri": "gs://bucket/v1"}})
+    with pytest.raises(SpecError, match=r"spec\.model\.uri.*'hdfs'"):
+        parse_spec({"model": {"version": "v1", "uri": "hdfs://nn/v1"}})
 
 
 @pytest.mark.parametrize(

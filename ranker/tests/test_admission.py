@@ -61,8 +61,9 @@ def test_an_idle_pod_admits_what_it_can_serve_in_time_so_one_slow_request_is_not
         ticket.model_s = 0.01
     measured(admission, clock, 0.01, n=40)
     assert admission.cost_s < 0.1  # the estimate followed: nothing is shed any more
-    with admission.admit(Deadline.after_ms(5_000, clock)), admission.admit(
-        Deadline.after_ms(5_000, clock)
+    with (
+        admission.admit(Deadline.after_ms(5_000, clock)),
+        admission.admit(Deadline.after_ms(5_000, clock)),
     ):
         pass
     slow = Admission(AdmissionSettings())

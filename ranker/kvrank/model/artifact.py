@@ -7,8 +7,9 @@ makes the model: an artifact carries weights and config, never code. Weights are
 safetensors and ``load_state_dict(strict=True)``, so a file that does not match the config
 is an :class:`ArtifactError`, never a partial model.
 An artifact lives in a directory, behind an ``http(s)://`` URL or under an ``s3://bucket/
-prefix`` (the directory's two files under it), which :func:`resolve_artifact` downloads once
-into a local cache, retrying what a network or a store drops. When the deployment names the
+prefix`` or ``gs://bucket/prefix`` (the directory's two files under it), which
+:func:`resolve_artifact` downloads once into a local cache, retrying what a network or a
+store drops. When the deployment names the
 weights' SHA-256, a download that does not match is never cached and a directory that does
 not match is refused.
 """
@@ -47,10 +48,12 @@ MAX_DOWNLOAD_BYTES = 64 * 2**30
 DOWNLOAD_TIMEOUT_S = 60.0
 DOWNLOAD_ATTEMPTS = 5
 """Tries of each file before a download fails: a refused or dropped connection, a timeout, a
-5xx or a throttled request is tried again after a backoff (1, 2, 4, 8 s; S3: botocore's
-standard retry mode); a 4xx (missing, forbidden) fails at once."""
+5xx or a throttled request is tried again after a backoff (1, 2, 4, 8 s); a 4xx (missing,
+forbidden) fails at once."""
 DOWNLOAD_BACKOFF_S = 1.0
-SCHEMES = ("http://", "https://", "s3://")
+SCHEMES = ("http://", "https://", "s3://", "gs://")
+OBJECT_STORES = ("s3://", "gs://")
+"""Schemes fetched through obstore (Rust's object_store), each with its cloud's credentials."""
 
 
 def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | None = None) -> Path:
@@ -189,7 +192,8 @@ def is_url(location: str) -> bool:
 
 def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) -> Path:
     """A local directory holding the artifact at ``location``: a path as it is, or an
-    ``http(s)://`` URL or ``s3://bucket/prefix`` whose two files are downloaded (once: a
+    ``http(s)://`` URL, ``s3://bucket/prefix`` or ``gs://bucket/prefix`` whose two files
+    are downloaded (once: a
     complete download is reused) into ``cache_dir/<digest of the URL>``. A partial download
     never looks complete.
 
@@ -204,9 +208,10 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
         scheme = location.split("://", 1)[0]
         raise ArtifactError(
             f"model location {location!r}: scheme {scheme!r} is not supported"
-            " (use a path in a mounted volume, an http(s):// URL or s3://bucket/prefix)"
+            " (use a path in a mounted volume, an http(s):// URL, s3://bucket/prefix or"
+            " gs://bucket/prefix)"
         )
-    fetch = _download_s3 if location.startswith("s3://") else _download
+    fetch = _download_object if location.startswith(OBJECT_STORES) else _download
     target = cache_dir / hashlib.sha256(location.encode()).hexdigest()[:16]
     if (target / CONFIG_FILE).is_file() and (target / WEIGHTS_FILE).is_file():
         if sha256 is not None:
@@ -271,18 +276,21 @@ def _get(url: str, dest: Path) -> None:
             f.write(chunk)
 
 
-def _download_s3(url: str, dest: Path) -> None:
-    """One object of ``s3://bucket/key`` through obstore (Rust's object_store): credentials
-    from the pod's environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` from a
-    Secret, a web identity token as IRSA mounts it, the instance's role), ``AWS_REGION``,
+def _download_object(url: str, dest: Path) -> None:
+    """One object of ``s3://bucket/key`` or ``gs://bucket/key`` through obstore (Rust's
+    object_store), credentials from the pod's environment as each cloud's own tools read
+    them. S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (from a Secret), a web
+    identity token as IRSA mounts it or the instance's role; ``AWS_REGION``;
     ``AWS_ENDPOINT_URL`` for an S3-compatible store such as MinIO or Ceph (``AWS_ALLOW_HTTP=
-    true`` for a plain-http one); throttling, 5xx and dropped connections are retried with a
-    backoff (1, 2, 4, 8 s)."""
+    true`` for a plain-http one). GCS: a service-account key (``GOOGLE_SERVICE_ACCOUNT_KEY``,
+    its JSON from a Secret, or ``GOOGLE_SERVICE_ACCOUNT``/``GOOGLE_APPLICATION_CREDENTIALS``,
+    a file) or the metadata server's (GKE Workload Identity). Throttling, 5xx and dropped
+    connections are retried with a backoff (1, 2, 4, 8 s)."""
     import datetime as dt
 
     import obstore
     import obstore.exceptions
-    from obstore.store import S3Store
+    from obstore.store import from_url
 
     if TYPE_CHECKING:
         from obstore.store import ClientConfig, RetryConfig
@@ -296,10 +304,13 @@ def _download_s3(url: str, dest: Path) -> None:
     client: ClientConfig = {  # given here, the client's options replace what the environment says
         "connect_timeout": dt.timedelta(seconds=DOWNLOAD_TIMEOUT_S),
         "timeout": dt.timedelta(hours=1),  # a whole GET: the default 30 s cuts large weights
-        "allow_http": os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true",
+        # GCS is https://storage.googleapis.com unless the service-account key names another
+        # endpoint (gcs_base_url: an emulator), which is then taken as written
+        "allow_http": url.startswith("gs://")
+        or os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true",
     }
     try:
-        store = S3Store.from_url(location, retry_config=retry, client_options=client)
+        store = from_url(location, retry_config=retry, client_options=client)
         size = obstore.head(store, key)["size"]
         if size > MAX_DOWNLOAD_BYTES:
             raise ArtifactError(f"{url}: {size} bytes, larger than {MAX_DOWNLOAD_BYTES}")

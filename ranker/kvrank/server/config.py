@@ -61,7 +61,8 @@ class ServerConfig(BaseSettings):
 
     model_dir: str = Field(
         "artifacts/quick",
-        description="Artifact directory, or an http(s):// URL or s3://bucket/prefix to download.",
+        description="Artifact directory, or an http(s):// URL, s3://bucket/prefix or"
+        " gs://bucket/prefix to download.",
     )
     model_cache_dir: str = Field(
         "/tmp/kvrank-models", description="Where artifacts given by URL are downloaded."

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from object_stores import GCS, S3, ObjectStore
 
 from kvrank.errors import ArtifactError
 from kvrank.model.artifact import load_model, save_model
@@ -133,14 +137,13 @@ def test_url_artifact_errors_are_clear_and_leave_nothing_half_written(
     with pytest.raises(ArtifactError, match=r"config\.json.*(404|Not Found)"):
         resolve_artifact(f"{base}/m", tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
-    with pytest.raises(ArtifactError, match="scheme 'gs' is not supported"):
-        resolve_artifact("gs://bucket/m", tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="scheme 'hdfs' is not supported"):
+        resolve_artifact("hdfs://namenode/m", tmp_path / "cache")
 
 
 def test_weights_checksum_is_verified_and_a_mismatch_is_never_cached(
     factory, tiny_cfg, tmp_path, http_dir
 ) -> None:
-    import hashlib
 
     from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
 
@@ -206,41 +209,27 @@ def test_a_failing_server_is_tried_again_and_a_missing_file_is_not(
     assert site.is_dir()
 
 
-# ------------------------------------------------------------------ artifacts in S3
-class S3Store:
-    """A folder served as the bucket ``models`` by gofakes3 (an S3-compatible server process)
-    on loopback, and the pod-side env that points boto3 at it (endpoint and credentials, as a
-    Secret would give them)."""
+# ------------------------------------------------------------------ artifacts in object stores
+class Store:
+    """A real S3- or GCS-compatible server process on loopback serving a folder as the bucket
+    ``models`` (:mod:`object_stores`); the ranker's environment points at it."""
 
-    def __init__(self, folder: Path) -> None:
-        import subprocess
-
+    def __init__(self, kind: ObjectStore, root: Path) -> None:
         from kvrank.tools.processes import free_port
 
-        self.folder, self.port = folder, free_port()
+        self.kind, self.port = kind, free_port()
+        self.scheme, self.folder = kind.scheme, root / "models"
+        self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        root = Path(__file__).resolve().parents[3]
-        built = subprocess.run(
-            ["bash", str(root / "scripts" / "build-gofakes3.sh")],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        self.binary = Path(built.stdout.strip().splitlines()[-1]) / "gofakes3"
-        self.env = {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
-            "AWS_ACCESS_KEY_ID": "kvrank-test",
-            "AWS_SECRET_ACCESS_KEY": "kvrank-test-secret",
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        }
 
     def start(self) -> None:
-        import subprocess
-
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [str(self.binary), "-backend", "directfs", "-directfs.path", str(self.folder),
-             "-directfs.bucket", "models", "-host", f"127.0.0.1:{self.port}", "-quiet"],
-        )  # fmt: skip
+        command = self.kind.command(self.folder, "models", "127.0.0.1", self.port)
+        self.proc = subprocess.Popen(command)
+        deadline = time.monotonic() + 30
+        while not self.kind.up(self.endpoint, "models"):
+            assert time.monotonic() < deadline and self.proc.poll() is None, "store not up"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -248,68 +237,71 @@ class S3Store:
             self.proc.wait(timeout=10)
 
 
-@pytest.fixture
-def s3(tmp_path, monkeypatch):
-    store = S3Store(tmp_path / "bucket")
-    for key, value in store.env.items():
+@pytest.fixture(params=[S3, GCS], ids=lambda kind: kind.scheme)
+def store(request, tmp_path, monkeypatch):
+    running = Store(request.param, tmp_path / "store")
+    for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in request.param.env(running.endpoint).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    yield store
-    store.stop()
+    yield running
+    running.stop()
 
 
-def test_an_s3_artifact_is_downloaded_once_checked_and_scores_identically(
-    factory, tiny_cfg, tmp_path, s3
+def test_an_object_store_artifact_is_downloaded_once_checked_and_scores_identically(
+    factory, tiny_cfg, tmp_path, store
 ) -> None:
-    import hashlib
-
     from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
 
     model = factory.model(tiny_cfg, version="v7")
-    stored = save_model(model, s3.folder / "feed" / "v7")
+    stored = save_model(model, store.folder / "feed" / "v7")
     good = hashlib.sha256((stored / WEIGHTS_FILE).read_bytes()).hexdigest()
-    s3.start()
-    wrong = "f" * 64
+    store.start()
+    uri, wrong = f"{store.scheme}://models/feed/v7", "f" * 64
     with pytest.raises(ArtifactError, match=rf"sha256 {good}, expected {wrong}"):
-        resolve_artifact("s3://models/feed/v7", tmp_path / "cache", wrong)
+        resolve_artifact(uri, tmp_path / "cache", wrong)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-trusted kept
-    local = resolve_artifact("s3://models/feed/v7/", tmp_path / "cache", good)
+    local = resolve_artifact(f"{uri}/", tmp_path / "cache", good)
     loaded = load_model(local)
     user, cands = factory.user(tiny_cfg, 9, 2), factory.candidates(tiny_cfg, 4, 2)
     assert torch.equal(
         loaded.score(loaded.encode_user(user), cands), model.score(model.encode_user(user), cands)
     )
-    s3.stop()  # a complete download is reused: the store is not asked again
-    assert resolve_artifact("s3://models/feed/v7/", tmp_path / "cache", good) == local
+    store.stop()  # a complete download is reused: the store is not asked again
+    assert resolve_artifact(f"{uri}/", tmp_path / "cache", good) == local
 
 
-def test_s3_errors_name_the_object_and_leave_nothing_behind(tmp_path, s3) -> None:
+def test_object_store_errors_name_the_object_and_leave_nothing_behind(
+    factory, tiny_cfg, tmp_path, store
+) -> None:
     from kvrank.model.artifact import resolve_artifact
 
-    s3.start()
-    with pytest.raises(
-        ArtifactError, match=r"s3://models/feed/v404/model\.safetensors failed.*404"
-    ):
-        resolve_artifact("s3://models/feed/v404", tmp_path / "cache")
-    with pytest.raises(ArtifactError, match=r"s3://elsewhere/feed/v1/model\.safetensors failed"):
-        resolve_artifact("s3://elsewhere/feed/v1", tmp_path / "cache")
+    save_model(factory.model(tiny_cfg, version="v1"), store.folder / "feed" / "v1")
+    store.start()
+    missing = f"{store.scheme}://models/feed/v404"
+    with pytest.raises(ArtifactError, match=rf"{missing}/model\.safetensors failed.*404"):
+        resolve_artifact(missing, tmp_path / "cache")
+    elsewhere = f"{store.scheme}://elsewhere/feed/v1"
+    with pytest.raises(ArtifactError, match=rf"{elsewhere}/model\.safetensors failed"):
+        resolve_artifact(elsewhere, tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
 
 
-def test_an_s3_store_that_comes_up_late_is_waited_for(factory, tiny_cfg, tmp_path, s3) -> None:
+def test_an_object_store_that_comes_up_late_is_waited_for(
+    factory, tiny_cfg, tmp_path, store
+) -> None:
     """Retries with a backoff: the first tries find no server (a pod starting while
     the store's endpoint is still down), a later one downloads."""
     import threading
-    import time
 
     from kvrank.model.artifact import resolve_artifact
 
-    save_model(factory.model(tiny_cfg, version="v8"), s3.folder / "feed" / "v8")
+    save_model(factory.model(tiny_cfg, version="v8"), store.folder / "feed" / "v8")
     started = time.monotonic()
-    late = threading.Timer(0.7, s3.start)
+    late = threading.Timer(0.7, store.start)
     late.start()
     try:
-        local = resolve_artifact("s3://models/feed/v8", tmp_path / "cache")
+        local = resolve_artifact(f"{store.scheme}://models/feed/v8", tmp_path / "cache")
     finally:
         late.join()
     assert load_model(local).version == "v8"
