@@ -85,7 +85,7 @@ RESTRICTED = {
 }
 
 
-SEEDS = {"v1": 0, "v2": 1, "v3": 2, "v2.1": 1}
+SEEDS = {"v1": 0, "v2": 1, "v3": 2, "v4": 3, "v2.1": 1}
 """One seed per version (different scores), except ``v2.1``: ``v2``'s weights under another
 version (a rebuild that changed nothing), so its scores equal ``v2``'s."""
 
@@ -254,6 +254,11 @@ class Stack:
         prefix = SLOW_PREFIX if slow else ""
         return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/{model}/{version}"
 
+    def weights_sha256(self, version: str, model: str = "feed-ranker") -> str:
+        """The SHA-256 of ``version``'s weights (what ``model.sha256`` pins)."""
+        weights = (self.models / model / version / "model.safetensors").read_bytes()
+        return hashlib.sha256(weights).hexdigest()
+
     def adapt(self, doc: dict[str, Any], artifact: bool = True) -> dict[str, Any]:
         """This run's images, the artifact store's URL (``artifact=False``: the example's
         own ``uri`` and ``volume``), a managed 3-master Redis Cluster, pods sized for a
@@ -340,8 +345,7 @@ class Stack:
             if part is not None:
                 path = Path("feed-ranker") / part["version"]
                 part["uri"] = f"s3://{S3_BUCKET}/{path}"
-                weights = (self.models / path / "model.safetensors").read_bytes()
-                part["sha256"] = hashlib.sha256(weights).hexdigest()
+                part["sha256"] = self.weights_sha256(part["version"])
         spec["model"]["env"] = [  # once: the same doc again must not change the pods
             *(e for e in spec["model"].get("env", []) if not e["name"].startswith("AWS_")),
             *({"name": k, "value": v} for k, v in env.items()),

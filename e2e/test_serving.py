@@ -214,28 +214,46 @@ def test_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_cod
     assert stack.score(ranker.version_name("s1"), still).status_code == 200
 
 
-def test_a_model_on_a_claim_serves_and_delete_removes_everything_it_created(
+def test_the_claim_and_url_examples_serve_and_delete_removes_everything_they_created(
     stack: Stack, rankers: Rankers
 ) -> None:
     """``examples/pvc-model.yaml`` (only sized for this node): its model read from the
-    claim it names, mounted read-only; deleting the RankerDeployment removes everything it
-    made — and not the claim, which is the user's."""
+    claim it names, mounted read-only. Beside it ``examples/url-model.yaml``, whose host and
+    sha256 are placeholders: its artifact under the same path on this run's artifact server,
+    pinned by the real sha256, downloaded at pod start into the pod's own download folder.
+    Deleting either RankerDeployment removes everything it made — and not the claim, which
+    is the user's."""
     claim = example("pvc-model.yaml")["spec"]["model"]["volume"]["persistentVolumeClaim"]
     stack.model_claim(claim["claimName"])
-    ranker = rankers.new("claim")
+    on_claim, by_url = rankers.new("claim"), rankers.new("url")
     doc = stack.adapt(example("pvc-model.yaml"), artifact=False)
-    doc["metadata"]["name"] = ranker.name
-    ranker.apply(doc)
-    ranker.wait_ready("from the claim", timeout=300)
-    (pod, *_) = ranker.pods(version="v3")
+    doc["metadata"]["name"] = on_claim.name
+    on_claim.apply(doc)
+    doc = stack.adapt(example("url-model.yaml"), artifact=False)
+    model = doc["spec"]["model"]
+    path = urlsplit(model["uri"]).path  # /feed-ranker/v4
+    model["uri"] = stack.model_uri(model["version"])
+    assert urlsplit(model["uri"]).path == path, (model["uri"], path)
+    model["sha256"] = stack.weights_sha256(model["version"])
+    doc["metadata"]["name"] = by_url.name
+    by_url.apply(doc)
+    on_claim.wait_ready("from the claim", timeout=300)
+    by_url.wait_ready("from the URL", timeout=300)
+    (pod, *_) = on_claim.pods(version="v3")
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "models")
     assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}, mount
-    assert ranker.score("from-the-claim")["model_version"] == "v3"
-    assert {"statefulset", "job", "deployment", "pod"} <= {
-        kind.split(".")[0].split("/")[0] for kind in ranker.owned()
-    }, ranker.owned()
-    stack.kubectl("delete", "rkd", ranker.name, "-n", NS, "--wait=false")
-    stack.wait_for(lambda: ranker.get() is None, f"rkd/{ranker.name} gone")
-    stack.wait_for(lambda: not ranker.owned(), f"everything of {ranker.name} gone", 180)
-    assert not stack.endpoints(ranker.name)
+    assert on_claim.score("from-the-claim")["model_version"] == "v3"
+    (pod, *_) = by_url.pods(version="v4")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["KVRANK_MODEL_DIR"] == model["uri"], env
+    assert by_url.score("from-the-url")["model_version"] == "v4"
+    for ranker in (on_claim, by_url):
+        assert {"statefulset", "job", "deployment", "pod"} <= {
+            kind.split(".")[0].split("/")[0] for kind in ranker.owned()
+        }, ranker.owned()
+        stack.kubectl("delete", "rkd", ranker.name, "-n", NS, "--wait=false")
+    for ranker in (on_claim, by_url):
+        stack.wait_for(lambda r=ranker: r.get() is None, f"rkd/{ranker.name} gone")
+        stack.wait_for(lambda r=ranker: not r.owned(), f"everything of {ranker.name} gone", 180)
+        assert not stack.endpoints(ranker.name)
     assert stack.get("pvc", claim["claimName"]) is not None, "the user's claim stays"
