@@ -360,19 +360,8 @@ class Stack:
     def rkd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``kubectl rkd ARGS -n NS``: kubectl runs kvrank's plugin (the ``kubectl-rkd``
         console script, found on PATH as a user's shell would find it)."""
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env = {**os.environ, "PATH": path, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        out = subprocess.run(
-            [self.cluster.kubectl_bin, "rkd", *args, "-n", NS],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"kubectl rkd {' '.join(args)}: {out.stderr}{out.stdout}")
-        return out
+        venv = Path(sys.executable).parent
+        return self.cluster.kubectl_plugin("rkd", *args, "-n", NS, path=venv, check=check)
 
     def must_get(self, kind: str, name: str, ns: str = NS) -> dict[str, Any]:
         """An object that must exist now (fails with the stack's report when it does not)."""

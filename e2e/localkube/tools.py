@@ -75,6 +75,20 @@ class Cluster:
         ]
         return _run(cmd, "kubectl", args, check, input=input, timeout=120)
 
+    def kubectl_plugin(
+        self, plugin: str, *args: str, path: Path, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """``kubectl PLUGIN ARGS`` as a user's shell runs it: kubectl finds the executable
+        ``kubectl-PLUGIN`` on ``PATH`` (``path`` first), and the plugin reads this cluster's
+        kubeconfig from ``KUBECONFIG`` (kubectl passes it none of its own flags)."""
+        env = {
+            **os.environ,
+            "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(self.kubeconfig),
+        }
+        cmd = [self.kubectl_bin, plugin, *args]
+        return _run(cmd, f"kubectl {plugin}", args, check, env=env, timeout=120)
+
     def wait_established(self, crd: str, timeout_s: float = 60.0) -> None:
         """Until the CRD named ``crd`` is Established. (``kubectl wait`` fails at once, not
         waiting, when it looks before the API server has written the CRD's first

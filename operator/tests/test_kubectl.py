@@ -6,7 +6,6 @@ in ``e2e/test_canary.py``.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -136,18 +135,11 @@ def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(clust
     """``kubectl rkd …`` as a user runs it (kubectl finds the plugin on PATH), against the
     API server with the CRD: what each command writes, and what it refuses."""
     install_crds(cluster, [], [], ours=True)
-    ns, env = (
-        "default",
-        {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "KUBECONFIG": str(cluster.kubeconfig),
-        },
-    )
+    ns = "default"
 
     def rkd(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [cluster.kubectl_bin, "rkd", *args, "-n", ns]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        venv = Path(sys.executable).parent
+        return cluster.kubectl_plugin("rkd", *args, "-n", ns, path=venv, check=False)
 
     def spec(name: str) -> dict[str, Any]:
         got = cluster.kubectl("get", "rkd", name, "-n", ns, "-o", "json").stdout
