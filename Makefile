@@ -44,11 +44,12 @@ kube-bins: ## Build (or reuse) the control plane, kubelet, containerd, runc, Cor
 	@# side by side: one downloads while the other compiles
 	@bash e2e/localkube/build.sh >/dev/null & cp=$$!; bash e2e/localkube/build-node.sh >/dev/null; wait $$cp
 
-lint: venv ## ruff, mypy --strict, import-linter contracts, actionlint on the workflows, kube-score on the manifests
+lint: venv ## ruff, mypy --strict, import-linter contracts, functions <= 60 lines, actionlint on the workflows, kube-score on the manifests
 	$(VENV)/bin/ruff check ranker operator e2e images examples benchmarks
 	$(VENV)/bin/ruff format --check ranker operator e2e images examples benchmarks
 	$(VENV)/bin/mypy
 	PYTHONPATH=e2e $(VENV)/bin/lint-imports  # the e2e harness (localkube) is under contract too
+	$(PY) scripts/function_length.py
 	"$$(bash e2e/localkube/build-node.sh)/actionlint" -shellcheck= -pyflakes= .github/workflows/*.yml
 	@$(MAKE) --no-print-directory kube-score
 

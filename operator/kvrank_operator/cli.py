@@ -32,6 +32,18 @@ PlatformIds = Annotated[
     ),
 ]
 """What a spec leaves to the operator (``run`` and ``render`` take the same four)."""
+Lease = Annotated[
+    str,
+    typer.Option(
+        help="Elect a leader among replicas on this Lease (empty: this replica always leads)."
+    ),
+]
+LeaseNamespace = Annotated[
+    str,
+    typer.Option(
+        envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the operator's own)."
+    ),
+]
 
 app = typer.Typer(
     help="kvrank operator: RankerDeployment → ranker pods + Redis, canary caches, TTL tuning.",
@@ -50,18 +62,8 @@ def run(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0: off).")] = 8000,
     liveness_port: Annotated[int, typer.Option(help="Health endpoint port (0: off).")] = 8081,
-    lease: Annotated[
-        str,
-        typer.Option(
-            help="Elect a leader among replicas on this Lease (empty: this replica always leads)."
-        ),
-    ] = "",
-    lease_namespace: Annotated[
-        str,
-        typer.Option(
-            envvar="POD_NAMESPACE", help="Namespace of the Lease (default: the operator's own)."
-        ),
-    ] = "",
+    lease: Lease = "",
+    lease_namespace: LeaseNamespace = "",
     log_format: Annotated[
         str, typer.Option(envvar="LOG_FORMAT", help="json (one object per line) or text.")
     ] = "json",
