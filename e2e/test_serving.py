@@ -21,6 +21,7 @@ from kvrank.model.artifact import load_model, load_ranker
 from kvrank.model.features import example_candidates, example_user
 from kvrank.server.schemas import body_for
 from kvrank.tools.workload import request_body
+from kvrank_operator.crd import API_VERSION
 from kvrank_operator.spec import namespace_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
@@ -126,7 +127,7 @@ def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(
     stack.wait_for(lambda: ranker.ready_replicas("v1") == 3, "3 ready replicas", 180)
     stack.wait_for(lambda: len(stack.endpoints(ranker.name)) == 3, "3 endpoints behind it")
     stack.wait_for(lambda: ranker.status().get("replicas") == 3, "status.replicas 3")
-    path = f"/apis/kvrank.io/v1alpha1/namespaces/{NS}/rankerdeployments/{ranker.name}/scale"
+    path = f"/apis/{API_VERSION}/namespaces/{NS}/rankerdeployments/{ranker.name}/scale"
     scale = json.loads(stack.kubectl("get", "--raw", path))
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3, scale
     # an autoscaler takes over: the operator must leave the Deployment's replicas alone

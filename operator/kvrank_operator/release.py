@@ -21,7 +21,6 @@ from kvrank_operator.kube import Kube
 log = logging.getLogger("kvrank_operator")
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 """kopf's default finalizer (the operator keeps the default name)."""
-API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
 
 
 def stop_operator(kube: Kube, namespace: str, name: str, timeout_s: float = 120.0) -> None:
@@ -50,14 +49,14 @@ def release_finalizers(kube: Kube, namespaces: list[str]) -> int:
     released = 0
     scopes: list[str | None] = [*namespaces] if namespaces else [None]
     for ns in scopes:
-        for rd in kube.list(API_VERSION, crd.KIND, ns, {}):
+        for rd in kube.list(crd.API_VERSION, crd.KIND, ns, {}):
             meta = rd["metadata"]
             finalizers = meta.get("finalizers") or []
             if FINALIZER not in finalizers:
                 continue
             kept = [f for f in finalizers if f != FINALIZER]
             patch = {"metadata": {"finalizers": kept or None}}
-            kube.merge_patch(API_VERSION, crd.KIND, meta["namespace"], meta["name"], patch)
+            kube.merge_patch(crd.API_VERSION, crd.KIND, meta["namespace"], meta["name"], patch)
             log.info("released %s/%s", meta["namespace"], meta["name"])
             released += 1
     return released

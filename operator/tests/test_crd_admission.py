@@ -13,6 +13,8 @@ import yaml
 from spec_fragments import POD_KNOBS
 from test_chart_monitoring_admission import install_crds
 
+from kvrank_operator.crd import API_VERSION
+
 pytestmark = pytest.mark.kube
 
 VALID: dict[str, Any] = {"model": {"version": "v1", "uri": "/models/v1"}}
@@ -74,7 +76,7 @@ def admit(cluster):
 
     def admit(spec: dict[str, Any]) -> tuple[bool, str]:
         doc = {
-            "apiVersion": "kvrank.io/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "RankerDeployment",
             "metadata": {"name": "admission", "namespace": "default"},
             "spec": spec,
@@ -346,7 +348,7 @@ def test_every_example_is_admitted(admit, path: Path) -> None:
 
 def test_tls_of_a_live_managed_redis_cannot_change(cluster, admit) -> None:
     doc = {
-        "apiVersion": "kvrank.io/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "RankerDeployment",
         "metadata": {"name": "tls-transition", "namespace": "default"},
         "spec": with_({"cache": {"redis": {"mode": "managed"}}}),

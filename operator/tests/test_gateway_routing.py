@@ -19,6 +19,7 @@ from localkube.images import PAUSE_IMAGE
 from test_chart_monitoring_admission import fetched_crds, install_crds, strict_dry_run
 from test_operator_process import condition, operator, rkd_status, wait
 
+from kvrank_operator.crd import API_VERSION
 from kvrank_operator.manifests.gateway import gateway_objects
 from kvrank_operator.spec import parse_spec
 
@@ -79,7 +80,7 @@ def test_the_operator_writes_follows_and_removes_the_gateway_objects(
 
     def apply(body: dict[str, Any]) -> None:
         doc = {
-            "apiVersion": "kvrank.io/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "RankerDeployment",
             "metadata": {"name": "feed", "namespace": ns},
             "spec": body,

@@ -24,6 +24,7 @@ import yaml
 from localkube.images import PAUSE_IMAGE
 
 from kvrank.tools.processes import free_port, scrape
+from kvrank_operator.crd import API_VERSION
 
 pytestmark = pytest.mark.kube
 
@@ -46,7 +47,7 @@ def ranker_deployment(ns: str) -> dict[str, Any]:
     """A canary rollout whose pods never serve (the pause image) and whose TTL source
     cannot be reached: what the operator decides does not need them."""
     return {
-        "apiVersion": "kvrank.io/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "RankerDeployment",
         "metadata": {"name": "feed", "namespace": ns},
         "spec": {
