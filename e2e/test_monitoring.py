@@ -261,14 +261,19 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     before = _answers(url)
     outcomes = asyncio.run(_spike(url, bodies(5000, int(rate * SPIKE_S) + 1), rate))
     statuses = Counter(s for s, _ in outcomes)
+    answers = _answers(url) - before  # a caller gone before it was read: none
+    # the machine's other work (the rest of the suite) varies: the pod's capacity again just
+    # after, and the spike judged against the lower of the two readings
+    after = asyncio.run(measure_capacity(url, bodies(60_000, 5000), 5.0))["capacity_qps"]
     print(
-        f"capacity {capacity:.0f}/s, offered {rate:.0f}/s for {SPIKE_S:.0f} s: {statuses};"
-        f" the pod's answers: {_answers(url) - before}"  # a caller gone before it was read: none
+        f"capacity {capacity:.0f}/s before, {after:.0f}/s after; offered {rate:.0f}/s for"
+        f" {SPIKE_S:.0f} s: {statuses}; the pod's answers: {answers}"
     )
     assert statuses[503] > 0, f"not overloaded at {rate:.0f}/s: {statuses}"
     # what the callers saw: a fair share answered in time, the rest told at once — not left
     # waiting out their deadline (a pod whose event loop falls behind answers them too late)
-    assert statuses[200] >= 0.2 * capacity * SPIKE_S, f"answered in time: {statuses}"
+    floor = 0.2 * min(capacity, after) * SPIKE_S
+    assert statuses[200] >= floor, f"answered in time: {statuses} (< {floor:.0f})"
     assert statuses[0] <= 0.1 * len(outcomes), f"callers left without an answer: {statuses}"
     assert all(retry for s, retry in outcomes if s == 503), "a shed answer without Retry-After"
     (pod,) = ranker.pods()
