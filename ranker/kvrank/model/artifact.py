@@ -9,9 +9,8 @@ is an :class:`ArtifactError`, never a partial model.
 An artifact lives in a directory, behind an ``http(s)://`` URL or under an ``s3://bucket/
 prefix`` or ``gs://bucket/prefix`` (the directory's two files under it), which
 :func:`resolve_artifact` downloads once into a local cache, retrying what a network or a
-store drops. When the deployment names the
-weights' SHA-256, a download that does not match is never cached and a directory that does
-not match is refused.
+store drops. When the deployment names the weights' SHA-256, a download that does not match
+is never cached and a directory that does not match is refused.
 """
 
 from __future__ import annotations
@@ -193,9 +192,8 @@ def is_url(location: str) -> bool:
 def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) -> Path:
     """A local directory holding the artifact at ``location``: a path as it is, or an
     ``http(s)://`` URL, ``s3://bucket/prefix`` or ``gs://bucket/prefix`` whose two files
-    are downloaded (once: a
-    complete download is reused) into ``cache_dir/<digest of the URL>``. A partial download
-    never looks complete.
+    are downloaded (once: a complete download is reused) into ``cache_dir/<digest of the
+    URL>``. A partial download never looks complete.
 
     ``sha256``: the expected SHA-256 (hex) of the weights file, checked on whatever is
     returned (a mismatching download is discarded before it is cached).
