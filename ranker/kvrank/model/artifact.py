@@ -50,9 +50,9 @@ DOWNLOAD_ATTEMPTS = 5
 5xx or a throttled request is tried again after a backoff (1, 2, 4, 8 s); a 4xx (missing,
 forbidden) fails at once."""
 DOWNLOAD_BACKOFF_S = 1.0
-SCHEMES = ("http://", "https://", "s3://", "gs://")
 OBJECT_STORES = ("s3://", "gs://")
 """Schemes fetched through obstore (Rust's object_store), each with its cloud's credentials."""
+SCHEMES = ("http://", "https://", *OBJECT_STORES)
 
 
 def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | None = None) -> Path:
