@@ -640,9 +640,10 @@ ADMISSION = _obj(
             "minimum": 0,
             "maximum": 1,
             "description": "The share of a request's remaining time a pod budgets for its"
-            " estimated wait and model work: a request is admitted only when both fit in it"
-            " (the rankers' default: 0.25; 1 admits up to the very deadline, where under a"
-            " spike most work ends too late).",
+            " estimated wait and model work: a request is admitted only when both fit in it,"
+            " so admitted requests are answered in about this share of their deadline (the"
+            " rankers' default: 0.25; 1 admits up to the very deadline, where under a spike"
+            " work ends after its callers left).",
         },
     },
     description="What one ranker pod takes on under a traffic spike. A field left out"

@@ -10,19 +10,21 @@ or the server's default) and is *admitted* before any model work:
   ``Retry-After``) when the pod already holds ``max_inflight`` admitted requests, or when
   the wait it would face plus the model time a request takes (a weighted mean, measured on
   the model thread) leaves no time to serve it before its deadline. The wait is the model
-  work queued ahead of it (the runner's estimate, per kind of work) and a request's worth
-  for each admitted request not yet at the queue; a request waiting for another's
-  computation (same user, same history) counts until it is served. An idle pod (nothing
-  admitted, nothing queued) admits any request whose own model time fits before its
-  deadline: ``budget_share`` is the margin for a queue's wait, and there is none.
+  work every admitted request has still to do: a request's worth less what it has had so
+  far — on its way to the queue, queued, or between its encode and its score (scores run
+  first, so a request admitted now waits for the scores of those admitted before it too,
+  not only for the work already queued) — and at least the work queued on the model
+  thread (the runner's estimate, which also holds work of no request: prefetches). An idle
+  pod (nothing admitted, nothing queued) admits any request whose own model time fits
+  before its deadline: ``budget_share`` is the margin for a queue's wait, and there is none.
 - once admitted, every piece of model work checks, as the model thread picks it up, that
   it can end before the deadline (by what that kind of work takes) and that the caller is
   still connected; if not, the work is dropped, never computed (an
   :class:`~kvrank.errors.Abandoned`).
 
-A request admitted while its peers have not yet queued their work (a burst arriving at
-once, each waiting on Redis) can find more ahead of it than estimated: its deadline drops it
-uncomputed (504) — late, but no work wasted. The admitted requests in the pod and the wait
+A request that finds more ahead of it than estimated (the model thread slowed by the spike
+itself) is dropped uncomputed by its deadline (504) — late, but no work wasted. The admitted
+requests in the pod and the wait
 are what an autoscaler reads (``kvrank_inflight_requests``,
 ``kvrank_estimated_wait_seconds``). This module does no I/O and knows nothing of HTTP: the
 server turns a header into a :class:`Deadline` and maps the errors to status codes.
@@ -88,11 +90,11 @@ class AdmissionSettings(BaseModel):
         gt=0,
         le=1,
         description="The share of a request's remaining time the pod budgets for its"
-        " estimated wait and model work: a request is admitted only when both fit in it."
-        " The estimate comes from quiet-time model times and runs short under a spike (the"
-        " event loop takes CPU and lock time the model thread needs): admitted up to the"
-        " very deadline, most work ends after it, computed for nobody (under a 4x spike,"
-        " answered in time 0.2-0.3x capacity at 1, 0.6-0.96x at 0.2-0.3: docs/benchmarks.md).",
+        " estimated wait and model work: a request is admitted only when both fit in it, so"
+        " admitted requests are answered in about this share of their deadline. The rest is"
+        " margin for what the estimate cannot see: under a spike the model thread runs"
+        " slower than the times it measured (the event loop shares the process with it),"
+        " and a pod admitting up to the very deadline finishes work after its callers left.",
     )
     cost_halflife: int = Field(
         32,
@@ -128,7 +130,7 @@ class Deadline:
         return "deadline" if self.left_s() <= 0 else None
 
 
-@dataclass
+@dataclass(eq=False)  # each one itself: the pod holds a set of them
 class Ticket:
     """One admitted request: its deadline and the model time it has taken so far."""
 
@@ -136,10 +138,6 @@ class Ticket:
     drops: bool = True
     """Whether work nobody waits for is dropped (admission ``mode`` not ``off``)."""
     model_s: float = 0.0
-    queued: bool = False
-    """Whether it has handed the model thread any work yet (before: it is on its way, with
-    a whole request's work to come)."""
-    on_queued: Callable[[], None] | None = None
 
     def check(self, stage: str, need_s: float = 0.0) -> None:
         """Raise :class:`~kvrank.errors.Abandoned` if the work at ``stage``, which takes
@@ -151,13 +149,6 @@ class Ticket:
             reason = "deadline"  # it would end after the caller stopped waiting
         if reason is not None:
             raise Abandoned(reason, stage, self)
-
-    def mark_queued(self) -> None:
-        """Its first work has reached the model thread's queue (the runner says so)."""
-        if not self.queued:
-            self.queued = True
-            if self.on_queued is not None:
-                self.on_queued()
 
 
 _CURRENT: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
@@ -191,10 +182,8 @@ class Admission:
         self.settings = settings
         self.queued_work_s = queued_work_s
         """The model work queued now, in seconds (the runner's estimate)."""
-        self.inflight = 0
+        self.admitted: set[Ticket] = set()
         """Admitted requests not yet answered."""
-        self.unqueued = 0
-        """Admitted requests that have not yet handed the model thread any work."""
         self.loop_lag_s = 0.0
         """How far behind the event loop runs (see :func:`watch_loop_lag`)."""
         self.cost_s = 0.0
@@ -213,11 +202,16 @@ class Admission:
         its route only after the event loop's lag, so that much of its time is gone."""
         return Deadline.after_ms(timeout_ms - self.loop_lag_s * 1e3)
 
+    @property
+    def inflight(self) -> int:
+        return len(self.admitted)
+
     def estimated_wait_s(self) -> float:
-        """What a request admitted now would wait before its own model work: the work
-        queued, and a request's worth for each admitted one still on its way to the queue
-        (parsing, reading Redis: under a spike the event loop holds many)."""
-        return self.queued_work_s() + self.unqueued * self.cost_s
+        """What a request admitted now would wait before its own model work: what every
+        admitted request has still to do (a request's worth less its model time so far),
+        and at least the work queued on the model thread."""
+        owed = sum(max(self.cost_s - t.model_s, 0.0) for t in self.admitted)
+        return max(owed, self.queued_work_s())
 
     def retry_after_s(self) -> int:
         """Whole seconds after which the queue now in the pod will have drained (>= 1)."""
@@ -249,9 +243,7 @@ class Admission:
         ticket.check("admitted")  # gone before it got here (a slow body, a late header)
         if self.settings.mode == "shed":
             self._refuse_if_overloaded(deadline)
-        self.inflight += 1
-        self.unqueued += 1
-        ticket.on_queued = self._one_queued
+        self.admitted.add(ticket)
         self.stats.admitted += 1
         token = _CURRENT.set(ticket)
         try:
@@ -261,13 +253,9 @@ class Admission:
             raise
         finally:
             _CURRENT.reset(token)
-            self.inflight -= 1
-            ticket.mark_queued()  # done: no longer on its way
+            self.admitted.discard(ticket)
             if ticket.model_s > 0:
                 self._observe_cost(ticket.model_s)
-
-    def _one_queued(self) -> None:
-        self.unqueued -= 1
 
     def _refuse_if_overloaded(self, deadline: Deadline) -> None:
         if self.inflight >= self.settings.max_inflight:

@@ -114,8 +114,6 @@ class ModelRunner:
             tickets,
             check,
         )
-        for ticket in tickets:
-            ticket.mark_queued()
         with self._lock:
             heapq.heappush(self._pending, job)
         self._queued_in_s += job.expected_s

@@ -82,22 +82,27 @@ def test_a_pod_that_budgets_the_whole_deadline_admits_up_to_it(clock) -> None:
         pytest.fail("admitted")
 
 
-def test_a_request_on_its_way_to_the_queue_counts_a_requests_worth_then_its_queued_work(
-    clock,
-) -> None:
+def test_an_admitted_request_counts_the_model_work_it_has_still_to_do(clock) -> None:
+    """Not only the work queued: scores go before encodes, so a request admitted now also
+    waits for the scores of the requests whose encodes are queued or done."""
     queued = [0.0]
     admission = Admission(AdmissionSettings(), lambda: queued[0])
-    measured(admission, clock, 0.05)
+    measured(admission, clock, 0.05)  # a request's worth: encode and score
     with contextlib.ExitStack() as held:
         tickets = [
             held.enter_context(admission.admit(Deadline.after_ms(10_000, clock))) for _ in range(10)
         ]
         assert admission.estimated_wait_s() == pytest.approx(0.5)  # parsing, reading Redis
-        for ticket in tickets:
-            ticket.mark_queued()  # their encodes reached the model thread: the runner's now
-        queued[0] = 0.2
-        assert admission.estimated_wait_s() == pytest.approx(0.2)
-    assert admission.unqueued == 0
+        queued[0] = 0.1  # five encodes reached the model thread: still a request's worth each
+        assert admission.estimated_wait_s() == pytest.approx(0.5)
+        for ticket in tickets[:5]:
+            ticket.model_s = 0.02  # encoded: their scores are still to come
+        assert admission.estimated_wait_s() == pytest.approx(5 * 0.05 + 5 * 0.03)
+        queued[0] = 0.6  # work of no request (prefetches) queued too: at least that
+        assert admission.estimated_wait_s() == pytest.approx(0.6)
+    assert admission.inflight == 0
+    queued[0] = 0.0
+    assert admission.estimated_wait_s() == 0.0
 
 
 def test_work_that_would_end_past_the_deadline_is_not_started(clock) -> None:
