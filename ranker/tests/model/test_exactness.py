@@ -17,7 +17,10 @@ from kvrank.model.layers import (
     candidate_bias,
 )
 
-FP32_TOL = 1e-5
+FP32_TOL = 5e-5
+"""Equal in float32: logits reach ~15 here, and two summation orders of them differ by up to
+~1e-5 (an extend over a slid window against its full re-encode: 1.1e-5 was seen); a window
+that slid while extending drifts by 1e-3 and more."""
 
 
 @st.composite
