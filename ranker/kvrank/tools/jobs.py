@@ -223,10 +223,12 @@ def run_overload_test(
 
 def _print_overload(summary: dict[str, Any]) -> None:
     s = summary["settings"]
+    readings = " / ".join(f"{r:.1f}" for r in summary["capacity_readings_qps"])
     table = Table(
-        title=f"kvrank loadtest — overload: {s['factor']:g}× the miss capacity"
-        f" ({summary['capacity_qps']:.1f}/s, idle {summary['idle_ms']:.1f} ms) for"
-        f" {s['duration_s']:g} s, {s['deadline_ms']} ms deadlines"
+        title=f"kvrank loadtest — overload: {summary['offered_qps']:.0f}/s ({s['factor']:g}× the"
+        f" miss capacity) for {s['duration_s']:g} s, {s['deadline_ms']} ms deadlines; capacity"
+        f" {summary['capacity_qps']:.1f}/s (before / after: {readings}), idle"
+        f" {summary['idle_ms']:.1f} ms"
     )
     modes = summary["modes"]
     table.add_column("")

@@ -1,7 +1,8 @@
 """A traffic spike against one ranker, with and without admission control, side by side.
 
-One run measures a ranker's miss capacity (distinct users, the model thread kept busy) and
-its idle latency, then, for each admission mode, starts a fresh ``kvrank serve`` (no Redis:
+One run measures a ranker's miss capacity (distinct users, the model thread kept busy:
+before the first spike and after its recovery, the mean of the two) and its idle latency,
+then, for each admission mode, starts a fresh ``kvrank serve`` (no Redis:
 every request is a miss, the hardest case) and offers it ``factor`` × that capacity for
 ``duration_s``, open loop, each caller sending its deadline (``x-kvrank-timeout-ms``) and
 giving up when it passes. Meanwhile ``/healthz`` is probed and the server's memory sampled;
@@ -28,6 +29,7 @@ import numpy as np
 
 from kvrank.admission import TIMEOUT_HEADER
 from kvrank.tools.processes import ProcessStack, RankerProcess, samples
+from kvrank.tools.replay import collector_off
 from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
 
 MODES = ("shed", "off")
@@ -160,18 +162,19 @@ async def spike(
                     await asyncio.sleep(0.1)
 
         prober = asyncio.create_task(probe())
-        start, tasks = time.monotonic(), []
-        n = int(rate_qps * settings.duration_s)
-        for i, body in enumerate(bodies[:n]):
-            delay = i / rate_qps - (time.monotonic() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(time.monotonic() - start, body)))
-        ended = time.monotonic()
-        run.recovery_s, run.recovery_answered = await _recovery(
-            session, url, bodies[n:], idle_ms, ended
-        )
-        await asyncio.gather(*tasks)
+        with collector_off():
+            start, tasks = time.monotonic(), []
+            n = int(rate_qps * settings.duration_s)
+            for i, body in enumerate(bodies[:n]):
+                delay = i / rate_qps - (time.monotonic() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(time.monotonic() - start, body)))
+            ended = time.monotonic()
+            run.recovery_s, run.recovery_answered = await _recovery(
+                session, url, bodies[n:], idle_ms, ended
+            )
+            await asyncio.gather(*tasks)
         stop.set()
         await prober
     return run
@@ -254,9 +257,14 @@ def _server_counts(url: str) -> dict[str, float]:
 
 
 def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> dict[str, Any]:
-    """Capacity, then the same spike against each admission mode; the summary."""
-    per_mode: dict[str, Any] = {}
-    capacity: dict[str, float] | None = None
+    """Capacity, then the same spike against each admission mode; the summary.
+
+    The capacity is measured on the first mode's server twice — before its spike and after
+    its recovery — and the yardstick is their mean: on a shared machine the speed of the
+    same server drifts by a fifth from one minute to the next, and one reading taken in a
+    quick or a slow moment would move every ratio with it."""
+    runs: dict[str, tuple[ModeRun, dict[str, float]]] = {}
+    readings: list[dict[str, float]] = []
     pool = _pool(model_dir, settings.candidates)
     with ProcessStack(workdir) as stack:
         for mode in settings.modes:
@@ -264,22 +272,33 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
                 model_dir, workdir, env={"KVRANK_ADMISSION_MODE": mode}, timeout_s=120
             )
             stack.rankers.append(ranker)
-            if capacity is None:  # once, on the first fresh server: the same for every mode
-                warm = _bodies(pool, 4000, "capacity")
-                capacity = asyncio.run(measure_capacity(ranker.url, warm, settings.capacity_s))
-            rate = settings.factor * capacity["capacity_qps"]
+            if not readings:  # on the first fresh server: the same for every mode
+                readings.append(_capacity(ranker, pool, "before", settings))
+            rate = settings.factor * readings[0]["capacity_qps"]
             n = int(rate * settings.duration_s) + 2000  # the spike's, then the recovery's
             bodies = _bodies(pool, n, f"spike-{mode}")
             before = _server_counts(ranker.url)  # the capacity run's scores are not the spike's
-            run = asyncio.run(spike(ranker, bodies, rate, settings, capacity["idle_ms"]))
+            run = asyncio.run(spike(ranker, bodies, rate, settings, readings[0]["idle_ms"]))
             after = _server_counts(ranker.url)
-            server = {k: after[k] - before[k] for k in after}
-            per_mode[mode] = summarize(run, server, settings, capacity["capacity_qps"])
+            runs[mode] = run, {k: after[k] - before[k] for k in after}
+            if len(readings) == 1:
+                readings.append(_capacity(ranker, pool, "after", settings))
             ranker.stop()
-    assert capacity is not None
+    capacity = sum(r["capacity_qps"] for r in readings) / len(readings)
     return {
         "settings": asdict(settings),
-        **capacity,
-        "offered_qps": settings.factor * capacity["capacity_qps"],
-        "modes": per_mode,
+        "capacity_qps": capacity,
+        "capacity_readings_qps": [r["capacity_qps"] for r in readings],
+        "idle_ms": readings[0]["idle_ms"],
+        "offered_qps": settings.factor * readings[0]["capacity_qps"],
+        "modes": {
+            mode: summarize(run, server, settings, capacity) for mode, (run, server) in runs.items()
+        },
     }
+
+
+def _capacity(
+    ranker: RankerProcess, pool: list[dict[str, Any]], when: str, settings: OverloadSettings
+) -> dict[str, float]:
+    bodies = _bodies(pool, 4000, f"capacity-{when}")
+    return asyncio.run(measure_capacity(ranker.url, bodies, settings.capacity_s))

@@ -8,11 +8,12 @@ over the given server URLs; each result keeps latency, HTTP status and cache out
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,19 @@ class Result:
     outcome: str  # l1 | l2 | incremental | miss | error
     target: int = 0
     """Index of the server URL the request went to."""
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """The load generator's garbage collector off while its clock runs, as in ``timeit``: a
+    full collection of its heap (torch, the workload's bodies) stops it for 40-130 ms on a
+    small CPU, and every request in flight would be charged for the generator's pause."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 async def replay(
@@ -82,12 +96,7 @@ async def replay(
     # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
     requests = list(requests)
     bodies = [json.dumps(req.body).encode() for req in requests]
-    # the collector is off while the clock runs, as in timeit: a full collection of this
-    # process's heap (torch, the workload's bodies) stops it for 40-130 ms on a small CPU,
-    # and every request in flight would be charged for the generator's pause
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         start = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             tasks = []
@@ -97,8 +106,6 @@ async def replay(
                     await asyncio.sleep(delay)
                 tasks.append(asyncio.create_task(one(session, i, req, body)))
             await asyncio.gather(*tasks)
-    finally:
-        gc.enable()
     return sorted(results, key=lambda r: r.sent_s)
 
 
