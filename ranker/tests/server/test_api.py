@@ -472,7 +472,8 @@ def test_a_started_server_leaves_its_long_lived_objects_out_of_every_collection(
         check=True,
     )
     alive, frozen, scanned = map(int, run.stdout.split())
-    assert alive > 50_000 and frozen >= alive and scanned < 1_000, (alive, frozen, scanned)
+    # (a collection inside settle_heap may free the odd object created since ``alive``)
+    assert alive > 50_000 and frozen >= 0.99 * alive and scanned < 1_000, (alive, frozen, scanned)
 
 
 def test_keep_alive_requests_are_not_held_for_delayed_acks(spawn_server, request_for) -> None:
