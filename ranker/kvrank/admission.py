@@ -24,8 +24,7 @@ or the server's default) and is *admitted* before any model work:
 
 A request that finds more ahead of it than estimated (the model thread slowed by the spike
 itself) is dropped uncomputed by its deadline (504) — late, but no work wasted. The admitted
-requests in the pod and the wait
-are what an autoscaler reads (``kvrank_inflight_requests``,
+requests in the pod and the wait are what an autoscaler reads (``kvrank_inflight_requests``,
 ``kvrank_estimated_wait_seconds``). This module does no I/O and knows nothing of HTTP: the
 server turns a header into a :class:`Deadline` and maps the errors to status codes.
 """

@@ -101,7 +101,7 @@ def settle_heap() -> int:
     """Move everything alive after start-up out of the garbage collector's sight; the number
     of objects moved.
 
-    A started server holds millions of long-lived objects (torch, FastAPI, the model's
+    A started server holds ~240,000 long-lived objects (torch, FastAPI, the model's
     modules) that the collector's oldest generation scanned on every full collection: under
     a spike, which allocates fast, full collections came every few seconds and each stopped
     the event loop for 60-180 ms, which set the tail of every answer — shed ones included.
