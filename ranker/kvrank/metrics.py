@@ -132,13 +132,20 @@ class Metrics:
         )
         for code in SCORE_CODES:  # at 0 from the start: increase() sees their first ones
             self._responses.labels(*values, SCORE_ROUTE, code)
+        self._response_children: dict[tuple[str, int], Counter] = {}
+        """``(route, code)`` → its counter: ``labels()`` takes a lock and checks every value
+        each call, on every answer (a shed one too); routes × codes are few."""
 
     def watch_admission(self, admission: Admission, queue_depth: Callable[[], int]) -> None:
         """Export admission control's state (read at scrape time)."""
         self.registry.register(AdmissionCollector(admission, queue_depth, list(self._values)))
 
     def observe_response(self, route: str, code: int) -> None:
-        self._responses.labels(*self._values, route, str(code)).inc()
+        child = self._response_children.get((route, code))
+        if child is None:
+            child = self._responses.labels(*self._values, route, str(code))
+            self._response_children[(route, code)] = child
+        child.inc()
 
     def observe_request(self, outcome: str, timings_ms: dict[str, float]) -> None:
         self.requests[outcome].inc()

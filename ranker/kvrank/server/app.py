@@ -52,6 +52,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         observe=lambda route, code: (
             state.service.metrics.observe_response(route, code) if state.service else None
         ),
+        screen=lambda headers: routes.screen(state, headers),
     )
     errors.install(app)
     app.include_router(routes.router)

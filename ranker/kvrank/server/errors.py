@@ -5,7 +5,8 @@
   the body) → 400 naming the header;
 - ``IncompatibleKVError`` → 409;
 - ``Overloaded`` (shed by admission control, before any model work) → 503 with
-  ``Retry-After`` and ``x-kvrank-shed``;
+  ``Retry-After`` and ``x-kvrank-shed`` (the edge answers the same for a request it sheds
+  on its headers alone);
 - ``Abandoned`` (dropped uncomputed) → 504 when the deadline passed; 499 when the caller
   left (nobody reads it: it is there for the access line);
 - a streamed body over ``max_body_bytes`` → 413 naming ``body`` (a declared one is refused
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvrank.errors import Abandoned, HeaderError, IncompatibleKVError, InputError, Overloaded
-from kvrank.server.edge import BodyTooLarge, error_body
+from kvrank.server.edge import BodyTooLarge, error_body, shed_headers
 
 
 def install(app: FastAPI) -> None:
@@ -59,15 +60,10 @@ async def _bad_header(request: Request, exc: HeaderError) -> JSONResponse:
     return _error(400, exc.field, exc.problem, request)
 
 
-SHED_HEADER = "x-kvrank-shed"
-"""On a shed answer (its reason): what a router retries on another pod, and only that — a
-503 for any other cause is not retried."""
-
-
 async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    # shed after its body was read (most are shed on their headers, by the edge)
     answer = _error(503, None, str(exc), request)
-    answer.headers["Retry-After"] = str(exc.retry_after_s)
-    answer.headers[SHED_HEADER] = exc.reason
+    answer.headers.update(shed_headers(exc))
     return answer
 
 

@@ -23,7 +23,7 @@ from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
 from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
-from kvrank.server.edge import AccessRecord
+from kvrank.server.edge import AccessRecord, Headers
 from kvrank.server.schemas import (
     InvalidateResponse,
     PrefetchResponse,
@@ -59,11 +59,14 @@ def _user_of(request: Request, state: State, body: BaseModel) -> tuple[str, Acce
     return user_id, access
 
 
-def _timeout_ms(request: Request) -> int | None:
+_TIMEOUT_KEY = TIMEOUT_HEADER.encode()
+
+
+def _timeout_ms(headers: Headers) -> int | None:
     """The caller's deadline (``x-kvrank-timeout-ms``), 1 to 60,000 ms. Envoy's
     ``x-envoy-expected-rq-timeout-ms`` is not one: it is the router's own route timeout,
     set on every request it forwards."""
-    raw = request.headers.get(TIMEOUT_HEADER)
+    raw = headers.get(_TIMEOUT_KEY)
     if raw is None:
         return None
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_TIMEOUT_MS:
@@ -71,6 +74,18 @@ def _timeout_ms(request: Request) -> int | None:
             TIMEOUT_HEADER, f"must be a whole number of ms from 1 to {MAX_TIMEOUT_MS}"
         )
     return int(raw)
+
+
+def screen(state: AppState, headers: Headers) -> Deadline | None:
+    """A scoring request's deadline, counted from now (its body is part of its wait), once
+    admission has let it through on what it is known by then (the edge runs this before
+    routing: :data:`kvrank.server.edge.Screen`). ``None`` before the service is built: the
+    route says why."""
+    if state.service is None:
+        return None
+    deadline = state.service.deadline(_timeout_ms(headers))
+    state.service.admission.screen(deadline)
+    return deadline
 
 
 @contextlib.asynccontextmanager
@@ -93,8 +108,7 @@ async def _caller_watched(request: Request, deadline: Deadline) -> AsyncIterator
 @router.post(SCORE_ROUTE, response_model=ScoreResponse)
 async def score(request: Request, state: State) -> Response:
     svc = state.started
-    deadline = svc.deadline(_timeout_ms(request))  # from now: the body is part of the wait
-    svc.admission.screen(deadline)
+    deadline: Deadline = request.state.deadline  # screened by the edge
     raw = await request.body()
     body = _parse(state.request_model, raw)
     user_id, access = _user_of(request, state, body)

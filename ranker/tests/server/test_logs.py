@@ -27,12 +27,18 @@ def test_every_line_is_json_and_each_scoring_request_has_an_access_line(
     _, _, req = request_for(user_id="alice-4711")
     for _ in range(2):
         assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    for timeout_ms, code in (("1", 503), ("0", 400)):  # refused on its headers: shed, bad
+        headers = {"x-kvrank-timeout-ms": timeout_ms}
+        answer = httpx.post(f"{pod.url}/v1/score", json=req, headers=headers, timeout=10)
+        assert answer.status_code == code, answer.text
     bad = {**req, "candidates": {**req["candidates"], "item_ids": []}}
     assert httpx.post(f"{pod.url}/v1/score", json=bad, timeout=10).status_code == 422
     assert httpx.get(f"{pod.url}/healthz", timeout=10).status_code == 200
     records = access(pod)  # parses every line: a non-JSON line fails here
-    assert [r["status"] for r in records] == [200, 200, 422]  # no line for /healthz
-    first, second, invalid = records
+    assert [r["status"] for r in records] == [200, 200, 503, 400, 422]  # none for /healthz
+    first, second, shed, bad_header, invalid = records
+    assert shed["route"] == bad_header["route"] == "/v1/score"
+    assert shed["user"] is None and shed["latency_ms"] > 0
     assert (first["cache"], second["cache"]) == ("miss", "l1")
     assert first["user"] == second["user"]
     assert len(first["user"]) == 16 and first["candidates"] == len(req["candidates"]["item_ids"])

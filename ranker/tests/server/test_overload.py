@@ -145,10 +145,14 @@ def test_a_spike_is_shed_at_once_and_what_is_admitted_is_answered_in_time(artifa
         assert all(int(a.headers["retry-after"]) >= 1 for a in shed)
         assert {a.headers["x-kvrank-shed"] for a in shed} == {"deadline"}  # what a router retries
         assert "overloaded" in shed[0].json()["error"], shed[0].json()
+        assert all(a.json()["request_id"] == a.headers["x-request-id"] for a in shed)
+        assert all(a.headers["x-kvrank-pod"] for a in shed)
         assert probes == [200] * 5
         # no model work for a shed request: one encode per answer (the warm one's too)
         assert encodes(url) <= 1 + counts[200] + counts[504]
         assert metric(url, "kvrank_shed_requests_total") == len(shed)
+        answered = metric(url, "kvrank_http_responses_total", route="/v1/score", code="503")
+        assert answered == len(shed)  # counted under the route's name, as any answer
         assert metric(url, "kvrank_request_model_seconds") >= ENCODE_S
         assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # and it recovers
 
