@@ -48,7 +48,7 @@ from object_stores import S3
 
 from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import save_model, save_ranker
-from kvrank.model.config import ModelConfig
+from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import free_port_pair, samples
 from kvrank_operator.manifests import PodMonitoring, pod_monitor
@@ -65,20 +65,14 @@ ARTIFACTS = "artifacts"
 ARTIFACTS_PORT = 8000
 S3_BUCKET = "models"
 """The bucket of the S3 store (local backend): the artifact store's files under ``s3://``."""
-MODEL_CONFIG = ModelConfig(
-    d_model=16,
-    n_heads=2,
-    n_layers=2,
-    max_events=16,
-    ns_tokens=1,
-    cand_tokens=2,
-    emb_dim=4,
-    item_buckets=1000,
-    profile_buckets=100,
+HALVED = ("d_model", "n_heads", "max_events", "ns_tokens", "cand_tokens", "emb_dim")
+MODEL_CONFIG = TINY.model_copy(
+    update={k: getattr(TINY, k) // 2 for k in HALVED}
+    | {"n_layers": 2, "profile_buckets": 100, "n_categories": 64}
 )
-"""Smaller than the test suites' ``TINY`` (an artifact of ~100 KB, not ~800 KB): every
-version the scenarios serve sits in one ConfigMap, which the API server caps at 3 MiB."""
-"""A small model: the scenarios test serving and operations, not ranking quality."""
+"""The test suites' ``TINY``, halved: the scenarios test serving and operations, not ranking
+quality, and every version they serve sits in one ConfigMap, which the API server caps at
+3 MiB (an artifact of ~100 KB, not ~800 KB)."""
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",

@@ -8,20 +8,23 @@ import numpy as np
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model, save_model
-from kvrank.model.config import ModelConfig
+from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
 from kvrank.train import TrainSettings, auc, evaluate, held_out, train
 
-SMALL = ModelConfig(
-    d_model=32,
-    n_heads=4,
-    n_layers=2,
-    max_events=48,
-    ns_tokens=2,
-    cand_tokens=4,
-    emb_dim=16,
-    item_buckets=20_000,
+SMALL = TINY.model_copy(
+    update={
+        "n_layers": 2,
+        "max_events": 48,
+        "emb_dim": 16,
+        # the synthetic world's whole vocabularies
+        "item_buckets": 20_000,
+        "n_categories": 64,
+        "profile_buckets": 10_000,
+    }
 )
+"""The test preset with histories, embeddings and vocabularies wide enough to learn the
+synthetic world's signal in a few epochs."""
 
 
 def test_auc_matches_the_textbook_definition() -> None:
