@@ -153,17 +153,6 @@ class Edge:
             response = JSONResponse(body, status_code=code, headers=extra)
             await response(scope, receive, send_with_id)
 
-        received = 0
-
-        async def receive_bounded() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLarge(self._too_large("streamed request body"))
-            return message
-
         length = headers.get(b"content-length", b"")
         scoring = scope["path"] == SCORE_ROUTE and scope["method"] == "POST"
         route = "unmatched"
@@ -176,7 +165,7 @@ class Edge:
             await answer(*refusal)
         else:
             try:
-                await self.app(scope, receive_bounded, send_with_id)
+                await self.app(scope, self._bounded(receive), send_with_id)
             except Exception:
                 log.exception("request %s failed", request_id)
                 if not answered:
@@ -194,6 +183,21 @@ class Edge:
                     **dataclasses.asdict(state.get("access") or AccessRecord()),
                 }
             )
+
+    def _bounded(self, receive: Receive) -> Receive:
+        """``receive``, refusing a streamed body once it grows past ``max_body_bytes``."""
+        received = 0
+
+        async def receive_bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge(self._too_large("streamed request body"))
+            return message
+
+        return receive_bounded
 
     def _screened(
         self, headers: Headers, state: dict[str, Any]
