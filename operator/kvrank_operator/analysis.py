@@ -23,8 +23,12 @@ from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import CHECKS, Check, PrometheusEndpoint, RankerSpec
+from kvrank_operator.ttl import CACHED_OUTCOMES, REQUESTS_METRIC
 
 SCORE_ROUTE = "/v1/score"
+RESPONSES_METRIC = "kvrank_http_responses_total"
+SHADOW_METRIC = "kvrank_shadow_requests_total"
+TOPK_METRIC = "kvrank_shadow_topk_changed_total"
 TIMEOUT_S = 3.0
 Counts = dict[str, float]
 """Additive counts of one version over a window: ``requests``, ``cached``, ``responses``,
@@ -57,17 +61,17 @@ def _add(c: Counts, name: str, labels: dict[str, str], value: float) -> None:
     def inc(key: str) -> None:
         c[key] = c.get(key, 0.0) + value
 
-    if name == "kvrank_requests_total" and labels.get("outcome") != "none":
+    if name == REQUESTS_METRIC and labels.get("outcome") != "none":
         inc("requests")
-        if labels.get("outcome") in ("l1", "l2", "incremental"):
+        if labels.get("outcome") in CACHED_OUTCOMES:
             inc("cached")
-    elif name == "kvrank_http_responses_total" and labels.get("route") == SCORE_ROUTE:
+    elif name == RESPONSES_METRIC and labels.get("route") == SCORE_ROUTE:
         inc("responses")
         if labels.get("code", "").startswith("5"):
             inc("errors")
-    elif name == "kvrank_shadow_requests_total" and labels.get("result") == "sent":
+    elif name == SHADOW_METRIC and labels.get("result") == "sent":
         inc("shadow_sent")
-    elif name == "kvrank_shadow_topk_changed_total":
+    elif name == TOPK_METRIC:
         inc("shadow_topk_changed")
     elif name in HISTOGRAMS:
         inc(f"{HISTOGRAMS[name]}:{_le(labels['le'])}")
@@ -217,10 +221,10 @@ def _window_queries(ns: str, name: str, version: str, seconds: float) -> dict[st
     sel = _selector(ns, name, model_version=version)
     score = _selector(ns, name, model_version=version, route=SCORE_ROUTE)
     return {
-        "requests": f"sum by (outcome) (increase(kvrank_requests_total{sel}{rng}))",
-        "responses": f"sum by (code) (increase(kvrank_http_responses_total{score}{rng}))",
-        "shadow": f"sum by (result) (increase(kvrank_shadow_requests_total{sel}{rng}))",
-        "topk": f"sum(increase(kvrank_shadow_topk_changed_total{sel}{rng}))",
+        "requests": f"sum by (outcome) (increase({REQUESTS_METRIC}{sel}{rng}))",
+        "responses": f"sum by (code) (increase({RESPONSES_METRIC}{score}{rng}))",
+        "shadow": f"sum by (result) (increase({SHADOW_METRIC}{sel}{rng}))",
+        "topk": f"sum(increase({TOPK_METRIC}{sel}{rng}))",
         **{
             prefix: f"sum by (le) (increase({metric}{sel}{rng}))"
             for metric, prefix in HISTOGRAMS.items()
@@ -238,13 +242,13 @@ def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -
     if not math.isfinite(value):
         return
     if key == "requests":
-        _add(c, "kvrank_requests_total", labels, value)
+        _add(c, REQUESTS_METRIC, labels, value)
     elif key == "responses":
-        _add(c, "kvrank_http_responses_total", {**labels, "route": SCORE_ROUTE}, value)
+        _add(c, RESPONSES_METRIC, {**labels, "route": SCORE_ROUTE}, value)
     elif key == "shadow":
-        _add(c, "kvrank_shadow_requests_total", labels, value)
+        _add(c, SHADOW_METRIC, labels, value)
     elif key == "topk":
-        _add(c, "kvrank_shadow_topk_changed_total", labels, value)
+        _add(c, TOPK_METRIC, labels, value)
     else:
         bucket = f"{key}:{_le(labels['le'])}"
         c[bucket] = c.get(bucket, 0.0) + value

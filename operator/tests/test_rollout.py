@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest, start_http_server
 
-from kvrank.metrics import Metrics
+from kvrank.metrics import CACHED_OUTCOMES, OUTCOMES, Metrics
 from kvrank.server.shadow import ShadowConfig, ShadowMirror, compare
 from kvrank.tools.processes import PrometheusServer, free_port
 from kvrank_operator import manifests as m
@@ -107,6 +107,16 @@ class Script:
 
 def run(spec: Any, state: Any, script: Script, at: float, ready: bool = True) -> Any:
     return rollout.advance(spec, state, ready, script, T0 + dt.timedelta(seconds=at))
+
+
+def test_an_answer_from_any_of_the_rankers_cache_tiers_counts_as_cached() -> None:
+    """The host tier included: a canary warming through it is warming."""
+    metrics = Metrics("v2", "v-v2")
+    for outcome in OUTCOMES:
+        metrics.observe_request(outcome, {"total": 5.0})
+    counts = counts_from_text(generate_latest(metrics.registry).decode())["v2"]
+    assert counts["cached"] == len(CACHED_OUTCOMES)
+    assert counts["requests"] == len(OUTCOMES) - 1  # "none": served with the cache off
 
 
 def test_counts_read_the_rankers_own_metrics() -> None:
