@@ -470,8 +470,7 @@ class LocalStack(Stack):
         try:
             node = self.cluster.node
             assert node is not None
-            for ref in self.images.all():
-                node.images.import_from_docker(["docker"], self.docker.env, ref)
+            node.images.import_from_docker(["docker"], self.docker.env, self.images.all())
             node.images.prune(keep={*self.images.all(), PAUSE_IMAGE})
             self.prepare_namespaces()
             self._start_prometheus()

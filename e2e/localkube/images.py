@@ -4,8 +4,9 @@ The node's containerd pulls nothing (there is no registry to reach): every image
 runs is imported into its ``k8s.io`` namespace first. The pause image is written here as a
 docker-archive around the static ``pause`` binary that ``build-node.sh`` compiles; the
 product's images come from the Docker engine that ``make images`` built them in, through
-``docker save | ctr images import``, skipped when containerd already holds the same image
-(same config digest), so a reused containerd root imports the multi-GB ranker image once.
+``docker save | ctr images import`` (all the changed ones in one archive, so the layers
+they share travel once), skipped when containerd already holds the same image (same config
+digest), so a reused containerd root imports the multi-GB ranker image once.
 Imports drop the layer blobs once unpacked (the snapshots are what containers run from), and
 :meth:`NodeImages.prune` removes every other image, so the reused root holds one copy of
 each current image instead of one per build.
@@ -102,21 +103,17 @@ class NodeImages:
             for ref in _archive_refs(archive):
                 self.ctr("images", "label", ref, "io.cri-containerd.pinned=pinned")
 
-    def import_from_docker(self, docker: Sequence[str], env: dict[str, str], ref: str) -> bool:
-        """Copy ``ref`` from the Docker engine unless containerd holds the same image already.
-        Returns whether it was imported."""
-        inspect = subprocess.run(
-            [*docker, "image", "inspect", "--format", "{{.Id}}", ref],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        if inspect.returncode != 0:
-            raise RuntimeError(f"the Docker engine has no image {ref}: {inspect.stderr.strip()}")
-        if self.config_digest(ref) == inspect.stdout.strip():
-            return False
-        save = subprocess.Popen([*docker, "save", ref], stdout=subprocess.PIPE, env=env)
+    def import_from_docker(
+        self, docker: Sequence[str], env: dict[str, str], refs: Sequence[str]
+    ) -> list[str]:
+        """Copy ``refs`` from the Docker engine, but those containerd holds already (same
+        config digest), in one ``docker save | ctr images import``: images built on one base
+        (the ranker's plugin images on the ranker's) share its gigabytes of layers, which one
+        archive carries once. Returns the refs imported."""
+        stale = [ref for ref in refs if self.config_digest(ref) != _docker_id(docker, env, ref)]
+        if not stale:
+            return []
+        save = subprocess.Popen([*docker, "save", *stale], stdout=subprocess.PIPE, env=env)
         assert save.stdout is not None
         imported = subprocess.run(
             [*self.base, "images", "import", "--local", "--discard-unpacked-layers", "-"],
@@ -127,8 +124,8 @@ class NodeImages:
         )
         save.stdout.close()
         if save.wait() != 0 or imported.returncode != 0:
-            raise RuntimeError(f"importing {ref} failed: {imported.stderr.decode()[-2000:]}")
-        return True
+            raise RuntimeError(f"importing {stale} failed: {imported.stderr.decode()[-2000:]}")
+        return stale
 
     def prune(self, keep: set[str]) -> list[str]:
         """Remove every image but ``keep`` (older builds, the ``sha256:`` names an import
@@ -145,3 +142,17 @@ def _archive_refs(archive: Path) -> list[str]:
         member = tar.extractfile("manifest.json")
         assert member is not None
         return [ref for entry in json.load(member) for ref in entry.get("RepoTags", [])]
+
+
+def _docker_id(docker: Sequence[str], env: dict[str, str], ref: str) -> str:
+    """The image's id in the Docker engine (its config digest)."""
+    inspect = subprocess.run(
+        [*docker, "image", "inspect", "--format", "{{.Id}}", ref],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if inspect.returncode != 0:
+        raise RuntimeError(f"the Docker engine has no image {ref}: {inspect.stderr.strip()}")
+    return inspect.stdout.strip()
