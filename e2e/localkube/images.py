@@ -5,8 +5,9 @@ runs is imported into its ``k8s.io`` namespace first. The pause image is written
 docker-archive around the static ``pause`` binary that ``build-node.sh`` compiles; the
 product's images come from the Docker engine that ``make images`` built them in, through
 ``docker save | ctr images import`` (all the changed ones in one archive, so the layers
-they share travel once), skipped when containerd already holds the same image (same config
-digest), so a reused containerd root imports the multi-GB ranker image once.
+they share travel once, and the layers the node has unpacked already left out of it: see
+:mod:`localkube.archive`), skipped when containerd already holds the same image (same config
+digest), so a reused containerd root ingests the multi-GB dependency layer once.
 Imports drop the layer blobs once unpacked (the snapshots are what containers run from), and
 :meth:`NodeImages.prune` removes every other image, so the reused root holds one copy of
 each current image instead of one per build.
@@ -19,11 +20,17 @@ import io
 import json
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from localkube.archive import LayerMismatch, chain_ids, rewrite
 
 PAUSE_IMAGE = "kvrank.local/pause:3.10"
 PAUSE_UID = 65535
+HELD = "kvrank.local/held:"
+"""Tags that keep the images an import replaces until it has unpacked the new ones."""
 
 
 def pause_archive(binary: Path, out: Path, ref: str = PAUSE_IMAGE) -> Path:
@@ -77,8 +84,8 @@ class NodeImages:
             raise RuntimeError(f"ctr {' '.join(args)} failed: {out.stderr.decode()[-2000:]}")
         return out.stdout.decode()
 
-    def config_digest(self, ref: str) -> str | None:
-        """The image's config digest (= ``docker inspect`` Id), or None when absent."""
+    def manifest(self, ref: str) -> dict[str, Any] | None:
+        """The image's manifest (an index's first), or None when containerd lacks it."""
         digest = next(
             (
                 cols[2]
@@ -88,12 +95,37 @@ class NodeImages:
             None,
         )
         while digest is not None:
-            doc = json.loads(self.ctr("content", "get", digest))
+            doc: dict[str, Any] = json.loads(self.ctr("content", "get", digest))
             if "config" in doc:
-                return str(doc["config"]["digest"])
+                return doc
             manifests = doc.get("manifests") or []  # an index: its first (only) manifest
             digest = manifests[0]["digest"] if manifests else None
         return None
+
+    def config_digest(self, ref: str) -> str | None:
+        """The image's config digest (= ``docker inspect`` Id), or None when absent."""
+        manifest = self.manifest(ref)
+        return str(manifest["config"]["digest"]) if manifest else None
+
+    def unpacked(self, images: list[list[str]]) -> dict[str, int]:
+        """Of the layers of ``images`` (each one's diff ids, bottom first), those the node has
+        unpacked (the snapshot of their chain exists), with their size as the manifests of
+        the images it holds give it."""
+        snapshots = {line.split()[0] for line in self.ctr("snapshots", "ls").splitlines()[1:]}
+        sizes = {
+            layer["digest"]: layer["size"]
+            for ref in self.refs()
+            for layer in (self.manifest(ref) or {}).get("layers", [])
+        }
+        return {
+            diff: sizes[diff]
+            for diff_ids in images
+            for diff, chain in zip(diff_ids, chain_ids(diff_ids), strict=True)
+            if chain in snapshots and diff in sizes
+        }
+
+    def refs(self) -> list[str]:
+        return [line.split()[0] for line in self.ctr("images", "ls", "-q").splitlines() if line]
 
     def import_archive(self, archive: Path, pin: bool = False) -> None:
         self.ctr(
@@ -107,31 +139,62 @@ class NodeImages:
         self, docker: Sequence[str], env: dict[str, str], refs: Sequence[str]
     ) -> list[str]:
         """Copy ``refs`` from the Docker engine, but those containerd holds already (same
-        config digest), in one ``docker save | ctr images import``: images built on one base
-        (the ranker's plugin images on the ranker's) share its gigabytes of layers, which one
-        archive carries once. Returns the refs imported."""
+        config digest), in one archive: images built on one base (the ranker's plugin images
+        on the ranker's) share its gigabytes of layers, which one archive carries once, and
+        the layers the node has unpacked already are left out of it (see
+        :mod:`localkube.archive`). Returns the refs imported."""
         stale = [ref for ref in refs if self.config_digest(ref) != _docker_id(docker, env, ref)]
         if not stale:
             return []
-        save = subprocess.Popen([*docker, "save", *stale], stdout=subprocess.PIPE, env=env)
-        assert save.stdout is not None
-        imported = subprocess.run(
-            [*self.base, "images", "import", "--local", "--discard-unpacked-layers", "-"],
-            stdin=save.stdout,
-            capture_output=True,
-            timeout=1800,
-            check=False,
-        )
-        save.stdout.close()
-        if save.wait() != 0 or imported.returncode != 0:
-            raise RuntimeError(f"importing {stale} failed: {imported.stderr.decode()[-2000:]}")
+        # the images being replaced keep their snapshots referenced until the new ones are
+        # unpacked: a garbage collection in between would take the layers left out
+        present = set(self.refs())
+        held = {f"{HELD}{i}": ref for i, ref in enumerate(stale) if ref in present}
+        for name, ref in held.items():
+            self.ctr("images", "tag", "--force", ref, name)
+        try:
+            layers = [_docker_layers(docker, env, ref) for ref in stale]
+            try:
+                self._import(docker, env, stale, self.unpacked(layers))
+            except LayerMismatch:
+                self._import(docker, env, stale, {})
+        finally:
+            if held:
+                self.ctr("images", "rm", *held)
         return stale
+
+    def _import(
+        self, docker: Sequence[str], env: dict[str, str], refs: list[str], unpacked: dict[str, int]
+    ) -> None:
+        with tempfile.TemporaryFile() as log:
+            save = subprocess.Popen([*docker, "save", *refs], stdout=subprocess.PIPE, env=env)
+            ctr = subprocess.Popen(
+                [*self.base, "images", "import", "--local", "--discard-unpacked-layers", "-"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            assert save.stdout is not None and ctr.stdin is not None
+            try:
+                rewrite(save.stdout, ctr.stdin, unpacked)
+                while save.stdout.read(1 << 20):  # the archive's padding
+                    pass
+            except BaseException:
+                save.kill()
+                ctr.kill()
+                raise
+            finally:
+                ctr.stdin.close()
+                save.stdout.close()
+                saved, imported = save.wait(), ctr.wait(timeout=1800)
+            if saved != 0 or imported != 0:
+                log.seek(0)
+                raise RuntimeError(f"importing {refs} failed: {log.read().decode()[-2000:]}")
 
     def prune(self, keep: set[str]) -> list[str]:
         """Remove every image but ``keep`` (older builds, the ``sha256:`` names an import
         adds); containerd's garbage collector then frees their snapshots. Returns what went."""
-        refs = [line.split()[0] for line in self.ctr("images", "ls", "-q").splitlines() if line]
-        gone = [ref for ref in refs if ref not in keep]
+        gone = [ref for ref in self.refs() if ref not in keep]
         if gone:
             self.ctr("images", "rm", *gone, timeout=600)
         return gone
@@ -156,3 +219,15 @@ def _docker_id(docker: Sequence[str], env: dict[str, str], ref: str) -> str:
     if inspect.returncode != 0:
         raise RuntimeError(f"the Docker engine has no image {ref}: {inspect.stderr.strip()}")
     return inspect.stdout.strip()
+
+
+def _docker_layers(docker: Sequence[str], env: dict[str, str], ref: str) -> list[str]:
+    """The image's layers' diff ids in the Docker engine, bottom first."""
+    out = subprocess.run(
+        [*docker, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return list(json.loads(out.stdout))
