@@ -209,8 +209,17 @@ def _archive_refs(archive: Path) -> list[str]:
 
 def _docker_id(docker: Sequence[str], env: dict[str, str], ref: str) -> str:
     """The image's id in the Docker engine (its config digest)."""
+    return _inspect(docker, env, ref, "{{.Id}}")
+
+
+def _docker_layers(docker: Sequence[str], env: dict[str, str], ref: str) -> list[str]:
+    """The image's layers' diff ids in the Docker engine, bottom first."""
+    return list(json.loads(_inspect(docker, env, ref, "{{json .RootFS.Layers}}")))
+
+
+def _inspect(docker: Sequence[str], env: dict[str, str], ref: str, template: str) -> str:
     inspect = subprocess.run(
-        [*docker, "image", "inspect", "--format", "{{.Id}}", ref],
+        [*docker, "image", "inspect", "--format", template, ref],
         capture_output=True,
         text=True,
         env=env,
@@ -219,15 +228,3 @@ def _docker_id(docker: Sequence[str], env: dict[str, str], ref: str) -> str:
     if inspect.returncode != 0:
         raise RuntimeError(f"the Docker engine has no image {ref}: {inspect.stderr.strip()}")
     return inspect.stdout.strip()
-
-
-def _docker_layers(docker: Sequence[str], env: dict[str, str], ref: str) -> list[str]:
-    """The image's layers' diff ids in the Docker engine, bottom first."""
-    out = subprocess.run(
-        [*docker, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    return list(json.loads(out.stdout))
