@@ -202,6 +202,26 @@ def test_overload_scenario_compares_admission_control_with_none(tmp_path: Path, 
     assert off["scored_but_not_received"] > shed["scored_but_not_received"]
 
 
+@pytest.mark.slow
+def test_a_queue_proxy_in_front_sheds_the_spike_before_it_reaches_the_ranker() -> None:
+    """The queue-proxy benchmark's short run: through the front, most of a spike is refused
+    by Envoy (the callers see more 503s than the ranker counted), what gets through is
+    answered, and beside it the ranker alone answers and sheds every request itself."""
+    import bench_overload_front
+
+    from kvrank.tools.overload import OverloadSettings
+
+    settings = OverloadSettings(duration_s=3.0, capacity_s=2.0)
+    report = bench_overload_front.run(settings, rounds=1, limit=4)
+    spikes = {s["mode"]: s for s in report["spikes"]}
+    direct, front = spikes["direct"], spikes["front"]
+    assert direct["offered"] > 0 and front["offered"] > 0
+    assert front["shed"] > front["server"]["shed"], front  # Envoy's own answers
+    assert front["answered_in_time"] > 0 and direct["answered_in_time"] > 0
+    assert direct["server"]["shed"] >= direct["shed"], direct  # all of them the ranker's
+    assert set(report["mean_goodput_vs_capacity"]) == {"direct", "front"}
+
+
 def test_the_real_timeline_is_a_workload_of_valid_growing_requests_at_the_stated_rate() -> None:
     """MovieLens' ratings as requests: each accepted by the model's own schema, at times
     compressed to the asked rate, a returning user's history the previous one plus the item

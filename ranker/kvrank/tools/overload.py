@@ -77,14 +77,14 @@ POOL = 200
 id is its own, so every one is a miss)."""
 
 
-def _bodies(pool: list[dict[str, Any]], n: int, prefix: str) -> list[bytes]:
+def request_bodies(pool: list[dict[str, Any]], n: int, prefix: str) -> list[bytes]:
     """``n`` request bodies of distinct users, encoded before the clock starts."""
     return [
         json.dumps({**pool[i % len(pool)], "user_id": f"{prefix}-{i}"}).encode() for i in range(n)
     ]
 
 
-def _pool(model_dir: Path, candidates: int) -> list[dict[str, Any]]:
+def request_pool(model_dir: Path, candidates: int) -> list[dict[str, Any]]:
     settings = WorkloadSettings(users=POOL, zipf_s=0.0, candidates=candidates, seed=7)
     return [r.body for r in Workload(workload_model(model_dir), settings).requests(POOL)]
 
@@ -250,7 +250,7 @@ SERVER_COUNTS = {
 }
 
 
-def _server_counts(url: str) -> dict[str, float]:
+def server_counts(url: str) -> dict[str, float]:
     """The server's own counts, from one scrape of its ``/metrics``."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return {key: sum(samples(text, name)) for key, name in SERVER_COUNTS.items()}
@@ -265,7 +265,7 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
     quick or a slow moment would move every ratio with it."""
     runs: dict[str, tuple[ModeRun, dict[str, float]]] = {}
     readings: list[dict[str, float]] = []
-    pool = _pool(model_dir, settings.candidates)
+    pool = request_pool(model_dir, settings.candidates)
     with ProcessStack(workdir) as stack:
         for mode in settings.modes:
             ranker = RankerProcess.start(
@@ -276,10 +276,10 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
                 readings.append(_capacity(ranker, pool, "before", settings))
             rate = settings.factor * readings[0]["capacity_qps"]
             n = int(rate * settings.duration_s) + 2000  # the spike's, then the recovery's
-            bodies = _bodies(pool, n, f"spike-{mode}")
-            before = _server_counts(ranker.url)  # the capacity run's scores are not the spike's
+            bodies = request_bodies(pool, n, f"spike-{mode}")
+            before = server_counts(ranker.url)  # the capacity run's scores are not the spike's
             run = asyncio.run(spike(ranker, bodies, rate, settings, readings[0]["idle_ms"]))
-            after = _server_counts(ranker.url)
+            after = server_counts(ranker.url)
             runs[mode] = run, {k: after[k] - before[k] for k in after}
             if len(readings) == 1:
                 readings.append(_capacity(ranker, pool, "after", settings))
@@ -300,5 +300,5 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
 def _capacity(
     ranker: RankerProcess, pool: list[dict[str, Any]], when: str, settings: OverloadSettings
 ) -> dict[str, float]:
-    bodies = _bodies(pool, 4000, f"capacity-{when}")
+    bodies = request_bodies(pool, 4000, f"capacity-{when}")
     return asyncio.run(measure_capacity(ranker.url, bodies, settings.capacity_s))
