@@ -29,11 +29,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -47,7 +45,7 @@ from kvrank.tools.overload import (
     spike,
     summarize,
 )
-from kvrank.tools.processes import RankerProcess, free_port, stop_process
+from kvrank.tools.processes import RankerProcess, free_port, stop_process, wait_answering
 
 ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
 """The stock binary, installed next to this interpreter by ``make venv``."""
@@ -183,15 +181,8 @@ class Front:
         with self.log.open("wb") as log:
             cmd = [ENVOY, "-c", str(self.config), "--base-id", str(self.port), "--concurrency", "1"]
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"envoy did not proxy: {self.log.read_text()[-3000:]}")
+        # the ranker's readiness, through the proxy
+        wait_answering(f"{self.url}/readyz", self.proc, self.log, timeout_s)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -275,6 +275,22 @@ def start_redis_cluster(workdir: Path, masters: int = 3) -> RedisCluster:
     return cluster
 
 
+def wait_answering(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Returns once ``url`` answers 200; raises, with the end of ``log``, when ``proc``
+    exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"no 200 from {url} within {timeout_s:g} s: {log.read_text()[-3000:]}")
+
+
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; returns once it has exited."""
     proc.terminate()
@@ -328,17 +344,7 @@ class RankerProcess:
         return ranker
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ranker exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"ranker on {self.port} did not become ready: {self.log}")
+        wait_answering(f"{self.url}/readyz", self.proc, self.log, timeout_s)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of every sample called ``name`` that carries ``labels``."""
