@@ -38,7 +38,7 @@ from rich.table import Table
 from kvrank.tools.loadtest import model_dir_for
 from kvrank.tools.overload import (
     OverloadSettings,
-    measure_capacity,
+    capacity_of,
     request_bodies,
     request_pool,
     server_counts,
@@ -197,7 +197,7 @@ def one_spike(
     ranker = RankerProcess.start(model_dir, workdir, env={"KVRANK_ADMISSION_MODE": "shed"})
     front = Front(workdir, ranker, limit) if mode == "front" else None
     try:
-        before_cap = _capacity(ranker.url, pool, f"{label}-before", settings)
+        before_cap = capacity_of(ranker.url, pool, f"{label}-before", settings)
         if front is not None:
             front.start()
         rate = settings.factor * before_cap["capacity_qps"]
@@ -207,7 +207,7 @@ def one_spike(
         target = dataclasses.replace(ranker, url=front.url) if front else ranker
         run = asyncio.run(spike(target, bodies, rate, settings, before_cap["idle_ms"]))
         after = server_counts(ranker.url)
-        after_cap = _capacity(ranker.url, pool, f"{label}-after", settings)
+        after_cap = capacity_of(ranker.url, pool, f"{label}-after", settings)
     finally:
         if front is not None:
             front.stop()
@@ -216,13 +216,6 @@ def one_spike(
     server = {k: after[k] - before[k] for k in after}
     summary = summarize(run, server, settings, sum(readings) / 2)
     return {"mode": mode, "capacity_readings_qps": readings, **summary}
-
-
-def _capacity(
-    url: str, pool: list[dict[str, Any]], label: str, settings: OverloadSettings
-) -> dict[str, float]:
-    bodies = request_bodies(pool, 4000, label)
-    return asyncio.run(measure_capacity(url, bodies, settings.capacity_s))
 
 
 def run(settings: OverloadSettings, rounds: int, limit: int) -> dict[str, Any]:

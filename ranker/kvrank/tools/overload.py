@@ -273,7 +273,7 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
             )
             stack.rankers.append(ranker)
             if not readings:  # on the first fresh server: the same for every mode
-                readings.append(_capacity(ranker, pool, "before", settings))
+                readings.append(capacity_of(ranker.url, pool, "before", settings))
             rate = settings.factor * readings[0]["capacity_qps"]
             n = int(rate * settings.duration_s) + 2000  # the spike's, then the recovery's
             bodies = request_bodies(pool, n, f"spike-{mode}")
@@ -282,7 +282,7 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
             after = server_counts(ranker.url)
             runs[mode] = run, {k: after[k] - before[k] for k in after}
             if len(readings) == 1:
-                readings.append(_capacity(ranker, pool, "after", settings))
+                readings.append(capacity_of(ranker.url, pool, "after", settings))
             ranker.stop()
     capacity = sum(r["capacity_qps"] for r in readings) / len(readings)
     return {
@@ -297,8 +297,9 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
     }
 
 
-def _capacity(
-    ranker: RankerProcess, pool: list[dict[str, Any]], when: str, settings: OverloadSettings
+def capacity_of(
+    url: str, pool: list[dict[str, Any]], label: str, settings: OverloadSettings
 ) -> dict[str, float]:
-    bodies = request_bodies(pool, 4000, f"capacity-{when}")
-    return asyncio.run(measure_capacity(ranker.url, bodies, settings.capacity_s))
+    """:func:`measure_capacity` of the server at ``url`` with fresh users (``label`` names them)."""
+    bodies = request_bodies(pool, 4000, f"capacity-{label}")
+    return asyncio.run(measure_capacity(url, bodies, settings.capacity_s))
