@@ -65,6 +65,14 @@ class OneTransRanker:
         self.net = net
         self.version = net.version
 
+    @property
+    def score_tolerance(self) -> float:
+        """|Δlogit| allowed between cached and no-cache scores: its compute dtype's rounding.
+        The two paths sum in different orders, which fp32 hides (1e-5) and a bf16 model's
+        8-bit mantissa does not (~0.002 measured at production size, one bf16 step of an
+        O(1) logit): the same bound as that dtype's K/V storage."""
+        return KV_TOLERANCES[self.net.cfg.compute_dtype]
+
     @cached_property
     def features(self) -> FeatureSpec:
         return feature_spec(self.net.cfg)

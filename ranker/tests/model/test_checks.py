@@ -32,6 +32,21 @@ def test_the_built_in_model_passes_every_check(factory, tiny_cfg) -> None:
     assert {"kv_dtype[int8]", "kv_dtype[bf16]", "score_many", "extend_exact"} <= set(names)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_built_in_model_computing_in_half_precision_is_held_to_its_own_rounding(
+    factory, tiny_cfg, dtype
+) -> None:
+    """What a GPU serves in: its cached and full paths round differently, so the checks hold
+    it to its dtype's bound instead of fp32's 1e-5 (a bf16 production-size model was refused
+    at start for 0.002)."""
+    model = OneTransRanker(factory.model(tiny_cfg.model_copy(update={"compute_dtype": dtype})))
+    report = check_model(model)
+    assert report.passed, report.failed
+    assert model.score_tolerance > 1e-5
+    detail = report.results[0].detail
+    assert f"(≤ {model.score_tolerance:g})" in detail, detail
+
+
 def test_the_example_plugin_passes_and_a_non_extendable_one_is_not_asked_to_extend(
     sasrec_artifact, sasrec_tail_artifact
 ) -> None:
