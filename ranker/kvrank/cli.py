@@ -8,11 +8,12 @@ commands so that ``kvrank --help`` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 import typer
 
 if TYPE_CHECKING:
+    from kvrank.model.config import ComputeDType
     from kvrank.server.config import ServerConfig
 
 app = typer.Typer(
@@ -110,6 +111,13 @@ def bench(
         str, typer.Option(help="quick (seconds) or production (L=6, d=256, 1,500-event histories).")
     ] = "quick",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    compute_dtype: Annotated[
+        str,
+        typer.Option(
+            help="fp32, or bf16 / fp16 (what a GPU serves in): the profile's models in that"
+            " dtype (the quick one trained in fp32, then cast)."
+        ),
+    ] = "fp32",
     candidates: Annotated[
         str | None, typer.Option(help="Comma-separated candidate counts, e.g. 50,100,200.")
     ] = None,
@@ -140,9 +148,17 @@ def bench(
     counts = [int(c) for c in candidates.split(",")] if candidates else None
     if profile not in PROFILES:
         raise typer.BadParameter(f"profile must be one of {PROFILES}", param_hint="--profile")
+    if compute_dtype not in ("fp32", "bf16", "fp16"):
+        raise typer.BadParameter("fp32, bf16 or fp16", param_hint="--compute-dtype")
+    if compute_dtype != "fp32" and model is not None:
+        raise typer.BadParameter(
+            "a --model artifact computes in the dtype it was saved with",
+            param_hint="--compute-dtype",
+        )
     with ProcessStack(Path(tempfile.mkdtemp(prefix="kvrank-bench-"))) as stack:
         url = stack.start_redis() if l2 and shutil.which("redis-server") else None
-        run_bench(profile, device, counts, json_out, plot, model, url, compact_model)
+        dtype = cast("ComputeDType", compute_dtype)
+        run_bench(profile, device, counts, json_out, plot, model, url, compact_model, dtype)
 
 
 @app.command()

@@ -64,3 +64,37 @@ def test_quick_bench_writes_complete_json(tmp_path: Path, kvrank_cli) -> None:
     assert rt["bf16"]["get_p50_ms"] > 0 and rt["bf16"]["plain_asyncio_get_p50_ms"] > 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert "speed-up vs batched no-cache" in proc.stdout
+
+
+def test_the_quick_profile_in_bf16_trains_in_fp32_then_scores_in_bf16() -> None:
+    """What ``--compute-dtype bf16`` benchmarks: the trained weights, computing in bf16."""
+    import dataclasses
+
+    import torch
+
+    from kvrank.bench.runner import PROFILES, _in_dtype, _model_for
+    from kvrank.data.synthetic import SyntheticWorld
+
+    prof = _in_dtype(dataclasses.replace(PROFILES["quick"], train_steps=3), "bf16")
+    model, origin = _model_for(prof, "cpu", None)
+    assert origin == "trained 3 steps" and model.cfg.compute_dtype == "bf16"
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    world = SyntheticWorld(model.cfg, 0)
+    user = world.user(1, n_events=model.cfg.max_events)
+    cands, _, _ = world.candidates(user, 20, 1)
+    kv = model.encode_user(user.features)
+    assert kv.nbytes == model.encode_user(user.features, kv_dtype="bf16").nbytes
+    assert (model.score(kv, cands) - model.forward_full(user.features, cands)).abs().max() < 0.1
+
+
+def test_a_lower_precision_is_refused_for_an_artifact_which_keeps_its_own(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from kvrank.cli import app
+
+    args = ["bench", "--compute-dtype", "bf16", "--model", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--compute-dtype" in result.output and "saved with" in result.output
+    result = CliRunner().invoke(app, ["bench", "--compute-dtype", "int4"])
+    assert result.exit_code == 2 and "fp32, bf16 or fp16" in result.output

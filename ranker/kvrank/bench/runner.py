@@ -11,6 +11,7 @@ measured here too. No assertions: this reports, tests decide.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -30,7 +31,7 @@ from kvrank.bench import flops, peak, plots
 from kvrank.bench.l2 import l2_round_trip
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
-from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ModelConfig
+from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ComputeDType, ModelConfig
 from kvrank.model.inputs import UserFeatures
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
@@ -72,6 +73,14 @@ PROFILES = {
         compact=PRODUCTION_COMPACT,
     ),
 }
+
+
+def _in_dtype(prof: Profile, compute_dtype: ComputeDType) -> Profile:
+    return dataclasses.replace(
+        prof,
+        cfg=prof.cfg.model_copy(update={"compute_dtype": compute_dtype}),
+        compact=prof.compact.model_copy(update={"compute_dtype": compute_dtype}),
+    )
 
 
 def _timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> list[float]:
@@ -307,7 +316,12 @@ def _model_for(prof: Profile, device: str, model_dir: Path | None) -> tuple[Rank
         return load_model(model_dir, device), f"artifact {model_dir}"
     if prof.train_steps:
         console.print(f"training a {prof.train_steps}-step model for the INT8 AUC check …")
-        m = train(prof.cfg, TrainSettings(steps=prof.train_steps, time_budget_s=25.0))
+        fp32 = prof.cfg.model_copy(update={"compute_dtype": "fp32"})
+        m = train(fp32, TrainSettings(steps=prof.train_steps, time_budget_s=25.0))
+        if prof.cfg.compute_dtype != "fp32":  # trained in fp32, served in the lower precision
+            weights = m.state_dict()
+            m = RankerModel(prof.cfg, m.version)
+            m.load_state_dict(weights)  # cast to the model's own dtype
         return m.to(device).eval(), f"trained {prof.train_steps} steps"
     torch.manual_seed(0)
     return RankerModel(prof.cfg, "bench").to(device).eval(), "random init (seed 0)"
@@ -341,11 +355,12 @@ def run_bench(
     model_dir: Path | None,
     redis_url: str | None = None,
     compact_model_dir: Path | None = None,
+    compute_dtype: ComputeDType = "fp32",
 ) -> dict[str, Any]:
     """``compact_model_dir``: a trained artifact of the profile's compact config, on which
     approximate increments are scored (the quick profile uses its own trained model when
-    none is given)."""
-    prof = PROFILES[profile]
+    none is given). ``compute_dtype``: the dtype the profile's models are built in."""
+    prof = _in_dtype(PROFILES[profile], compute_dtype)
     start = time.monotonic()
     with bars() as shown:
         model, origin, world, per_c, quality = _measure_all(prof, device, counts, model_dir, shown)
@@ -412,7 +427,8 @@ def _l2(
 
 def _print(r: dict[str, Any]) -> None:
     for c, res in r["per_candidates"].items():
-        t = Table(title=f"{r['profile']} profile, C={c}, {r['machine']['device']}")
+        dtype = r["shapes"]["compute_dtype"]
+        t = Table(title=f"{r['profile']} profile, C={c}, {r['machine']['device']}, {dtype}")
         for col in ("mode", "p50 ms", "p99 ms", "req/s", "GFLOP", "KV bytes"):
             t.add_column(col, justify="right" if col != "mode" else "left")
         for name, m in res["modes"].items():
@@ -428,8 +444,8 @@ def _print(r: dict[str, Any]) -> None:
         console.print(
             f"speed-up vs batched no-cache: hit {res['speedup_hit_vs_nocache_batched']:.1f}×,"
             f" miss {res['speedup_miss_vs_nocache_batched']:.1f}× (vs serial: hit"
-            f" {res['speedup_hit_vs_nocache_serial']:.1f}×), max |Δlogit| fp32"
-            f" {res['max_abs_diff_fp32']:.2e}"
+            f" {res['speedup_hit_vs_nocache_serial']:.1f}×), max |Δlogit| cached vs full"
+            f" ({dtype}) {res['max_abs_diff_fp32']:.2e}"
         )
     tp = r["hit_throughput"]
     of_peak = (

@@ -40,7 +40,12 @@ from kvrank.model.layers import (
 KVLayers = dict[int, tuple[Tensor, Tensor, Tensor]]  # layer -> (k, v, key_valid), batched
 
 SCORE_CHUNK = 128
-"""Candidates per pass in :meth:`RankerModel.score`."""
+"""Candidates per pass in :meth:`RankerModel.score` on a CPU."""
+
+GPU_SCORE_CHUNK = 1024
+"""The same on a GPU, where each pass is one more round of ~300 kernel launches and the
+scores of C = 1,024 against a full production window take ~400 MB (one pass instead of two
+at C = 200 measured 7.4 against 11.6 ms on an H200)."""
 
 FULL_CHUNK = 32
 """Sequences per batch in the batched no-cache reference."""
@@ -148,9 +153,10 @@ class RankerModel(nn.Module):
         # chunks keep the [chunk, H, T, R] attention scores cache-sized: same numbers, faster
         # on CPUs once C × R grows (candidates never see each other, so this is exact)
         biases = self._candidate_biases(layers)  # the user's, shared by every chunk
+        chunk = SCORE_CHUNK if x_c.device.type == "cpu" else GPU_SCORE_CHUNK
         parts = [
-            self._score(layers, x_c[:, i : i + SCORE_CHUNK], biases)[0]
-            for i in range(0, x_c.shape[1], SCORE_CHUNK)
+            self._score(layers, x_c[:, i : i + chunk], biases)[0]
+            for i in range(0, x_c.shape[1], chunk)
         ]
         return torch.cat(parts).float()
 
