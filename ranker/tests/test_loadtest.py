@@ -276,3 +276,19 @@ def test_smoke_loadtest_on_the_real_timeline(tmp_path: Path, kvrank_cli) -> None
     # real users come back within the replay: most requests extend the previous entry
     assert report["oracle_hit_ratio"] > 0.8
     assert report["hit_ratio_vs_oracle"] > 0.8 and report["incremental_ratio"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_bf16_model_is_served_and_its_cached_answers_are_its_first_answers() -> None:
+    """The device benchmark's short run, on two CPU pods: a model computing in bf16 (what a
+    GPU serves) passes its load-time checks, every second answer comes from L1 with the
+    first answer's scores exactly, and two pods on the same device agree exactly."""
+    import bench_serving_device
+
+    report = bench_serving_device.run("quick", "bf16", ["cpu", "cpu"], users=3, candidates=20)
+    assert report["compute_dtype"] == "bf16"
+    for row in report["devices"]:
+        assert row["cache_first"] == ["miss"] and row["cache_again"] == ["l1"], row
+        assert row["max_abs_diff_hit_vs_miss"] == 0.0
+        assert row["max_abs_diff_vs_cpu"] == 0.0
+        assert row["hit"]["p50_ms"] > 0 and row["miss"]["p50_ms"] > 0

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The measurements that need a GPU, in one go (minutes on one GPU), each step bounded in time
+# so that one failing does not stop the rest:
+#   - kvrank bench --profile production --device "$device", in fp32 and in bf16 (C = 50, 100, 200);
+#   - kvrank bench --profile quick --device "$device" (its trained model: INT8 AUC, drift);
+#   - a production-size artifact served by kvrank serve on the GPU and on the CPU side by side
+#     (benchmarks/bench_serving_device.py), fp32 and bf16: equal scores, miss and L1-hit latency;
+#   - kvrank check-model --device "$device" on a trained quick artifact (the load-time checks, on
+#     the GPU).
+# Usage: benchmarks/cuda.sh OUT_DIR   (PYTHON: the interpreter with kvrank importable;
+# DEVICE=cpu walks the same steps without a GPU, to try the script)
+# Writes OUT_DIR/*.json and OUT_DIR/cuda.log; prints each step's exit status and time.
+set -u
+out=${1:?usage: benchmarks/cuda.sh OUT_DIR}
+py=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+log="$out/cuda.log"
+: >"$log"
+
+step() {
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "== $name: $*" | tee -a "$log"
+  timeout "${STEP_TIMEOUT_S:-240}" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "== $name: exit $rc in $(($(date +%s) - start)) s" | tee -a "$log"
+}
+
+command -v nvidia-smi >/dev/null &&
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$log"
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee -a "$log"
+
+for dtype in fp32 bf16; do
+  step "bench-production-$dtype" "$py" -m kvrank bench --profile production --device "$device" \
+    --compute-dtype "$dtype" --no-l2 --json "$out/bench-production-cuda-$dtype.json"
+done
+step bench-quick "$py" -m kvrank bench --profile quick --device "$device" --no-l2 \
+  --json "$out/bench-quick-cuda.json"
+for dtype in fp32 bf16; do
+  step "serving-production-$dtype" "$py" "$here/bench_serving_device.py" --size production \
+    --compute-dtype "$dtype" --devices "$device",cpu --json "$out/serving-production-$dtype.json"
+done
+model=$(mktemp -d)/quick
+step train-quick "$py" -m kvrank train --profile quick --steps 60 --out "$model"
+step check-model "$py" -m kvrank check-model "$model" --device "$device" \
+  --json "$out/check-model-cuda.json"
+grep -E '^== .*exit' "$log"
