@@ -9,9 +9,11 @@ alternate from round to round:
   too (~80 % of a 4× spike) — and shares the interpreter lock with the model thread, which
   must take it back after each torch call.
 - ``front``: through the stock Envoy binary on loopback holding at most ``--limit``
-  requests in flight to the ranker (what Knative's queue-proxy does for KServe's
-  ``containerConcurrency``); one more is answered 503 at once by Envoy (an upstream
-  overflow, with ``Retry-After`` and ``x-kvrank-shed: queue``), never reaching Python.
+  requests in flight to the ranker — the queue proxy the operator runs beside each ranker
+  with ``admission.queueProxy`` (its very bootstrap: ``kvrank_operator.manifests.queue_proxy``,
+  what Knative's queue-proxy does for KServe's ``containerConcurrency``); one more is answered
+  503 at once by Envoy (an upstream overflow, with ``Retry-After`` and ``x-kvrank-shed:
+  queue``), never reaching Python.
   The ranker's own admission control still screens what gets through.
 
 Each server's miss capacity is measured on it directly before its spike and after its
@@ -46,14 +48,11 @@ from kvrank.tools.overload import (
     summarize,
 )
 from kvrank.tools.processes import RankerProcess, free_port, stop_process, wait_answering
+from kvrank_operator.manifests.queue_proxy import envoy_bootstrap
 
 ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
 """The stock binary, installed next to this interpreter by ``make venv``."""
 MODES = ("direct", "front")
-SPARE_CONNECTIONS = 4
-"""Connections to the ranker beyond the in-flight bound: with none, a request over the bound
-waited in Envoy's pending queue for one (measured: admitted p99 ~600 ms, health probes
-~250 ms behind it) instead of being refused at once."""
 ROW = (
     "goodput_vs_capacity",
     "answered_in_time",
@@ -71,95 +70,6 @@ ROW = (
 )
 
 
-def front_config(listen: int, admin: int, upstream: int, limit: int) -> dict[str, Any]:
-    """Envoy's bootstrap: one listener proxying to the ranker on ``upstream``, at most
-    ``limit`` requests in flight to it; an overflow answered 503 with the shed headers."""
-    shed_reply = {
-        "filter": {"response_flag_filter": {"flags": ["UO"]}},
-        "headers_to_add": [
-            {"header": {"key": "retry-after", "value": "1"}},
-            {"header": {"key": "x-kvrank-shed", "value": "queue"}},
-        ],
-    }
-    manager = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network"
-        ".http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "front",
-        "local_reply_config": {"mappers": [shed_reply]},
-        "http_filters": [
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                },
-            }
-        ],
-        "route_config": {
-            "virtual_hosts": [
-                {
-                    "name": "ranker",
-                    "domains": ["*"],
-                    # no route timeout: the caller's deadline travels in its header
-                    "routes": [
-                        {"match": {"prefix": "/"}, "route": {"cluster": "ranker", "timeout": "0s"}}
-                    ],
-                }
-            ]
-        },
-    }
-    return {
-        "admin": {"address": _socket(admin)},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "front",
-                    "address": _socket(listen),
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": manager,
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [
-                {
-                    "name": "ranker",
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "circuit_breakers": {
-                        "thresholds": [
-                            {
-                                # the bound: one more request in flight overflows (503)
-                                "max_requests": limit,
-                                # room to spare, so that no request waits in Envoy for a
-                                # connection (a queue the caller's deadline does not see)
-                                "max_connections": limit + SPARE_CONNECTIONS,
-                                "max_pending_requests": limit,
-                                "max_retries": 0,
-                            }
-                        ]
-                    },
-                    "load_assignment": {
-                        "cluster_name": "ranker",
-                        "endpoints": [
-                            {"lb_endpoints": [{"endpoint": {"address": _socket(upstream)}}]}
-                        ],
-                    },
-                }
-            ],
-        },
-    }
-
-
-def _socket(port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
-
-
 class Front:
     """One Envoy on loopback in front of ``ranker``; :meth:`start` returns once it proxies."""
 
@@ -168,7 +78,9 @@ class Front:
             raise RuntimeError("no envoy binary next to this Python: make venv installs it")
         self.port, admin = free_port(), free_port()
         self.config = workdir / f"front-{self.port}.json"
-        self.config.write_text(json.dumps(front_config(self.port, admin, ranker.port, limit)))
+        # what the operator runs beside each ranker with admission.queueProxy enabled
+        bootstrap = envoy_bootstrap(self.port, ranker.port, limit, admin, "127.0.0.1")
+        self.config.write_text(json.dumps(bootstrap))
         self.log = workdir / f"front-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -190,10 +102,15 @@ class Front:
 
 
 def one_spike(
-    mode: str, model_dir: Path, workdir: Path, settings: OverloadSettings, limit: int, label: str
+    mode: str,
+    model_dir: Path,
+    pool: list[dict[str, Any]],
+    workdir: Path,
+    settings: OverloadSettings,
+    limit: int,
+    label: str,
 ) -> dict[str, Any]:
     """A fresh ranker: its capacity, the spike sent ``mode``'s way, its capacity again."""
-    pool = request_pool(model_dir, settings.candidates)
     ranker = RankerProcess.start(model_dir, workdir, env={"KVRANK_ADMISSION_MODE": "shed"})
     front = Front(workdir, ranker, limit) if mode == "front" else None
     try:
@@ -224,9 +141,11 @@ def run(settings: OverloadSettings, rounds: int, limit: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvrank-front-") as tmp:
         workdir = Path(tmp)
         model_dir, source = model_dir_for(None, workdir)
+        pool = request_pool(model_dir, settings.candidates)
         for r in range(rounds):
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                row = one_spike(mode, model_dir, workdir, settings, limit, f"{r}-{mode}")
+                label = f"{r}-{mode}"
+                row = one_spike(mode, model_dir, pool, workdir, settings, limit, label)
                 spikes.append({"round": r, **row})
     means = {
         mode: sum(s["goodput_vs_capacity"] for s in spikes if s["mode"] == mode) / rounds

@@ -667,8 +667,13 @@ class PodTargets:
             monitor = pod_monitor(instance, NS, PodMonitoring())["spec"]
             if not _selects(monitor["selector"], labels):
                 continue
-            container = pod["spec"]["containers"][0]
-            ports = {p["name"]: p["container_port"] for p in container["ports"]}
+            # a port of any container, as prometheus-operator matches it (behind a queue
+            # proxy the pod's http port is the proxy container's)
+            ports = {
+                p["name"]: (p["container_port"], c["name"])
+                for c in pod["spec"]["containers"]
+                for p in c.get("ports") or []
+            }
             copied = {_prometheus_name(k): labels.get(k, "") for k in monitor["podTargetLabels"]}
             for endpoint in monitor["podMetricsEndpoints"]:
                 (keep,) = endpoint["relabelings"]
@@ -678,12 +683,12 @@ class PodTargets:
                     continue
                 out.append(
                     {
-                        "targets": [f"{pod['status']['pod_ip']}:{ports[endpoint['port']]}"],
+                        "targets": [f"{pod['status']['pod_ip']}:{ports[endpoint['port']][0]}"],
                         "labels": {
                             "__metrics_path__": endpoint["path"],
                             "namespace": meta["namespace"],
                             "pod": meta["name"],
-                            "container": container["name"],
+                            "container": ports[endpoint["port"]][1],
                             "endpoint": endpoint["port"],
                             "job": f"{meta['namespace']}/{instance}",
                             **copied,

@@ -301,6 +301,16 @@ ADMISSION_MODES = ("shed", "drop", "off")
 
 
 @dataclass(frozen=True)
+class QueueProxySpec:
+    """A queue proxy beside each ranker (``manifests.queue_proxy``): Envoy holding at most
+    ``max_inflight`` scoring requests in flight to it, refusing the overflow itself."""
+
+    enabled: bool = False
+    max_inflight: int = 16
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class AdmissionSpec:
     """What one ranker pod takes on under a spike (the rankers' ``admission`` settings: see
     ``kvrank.admission``). A field left out keeps the ranker's own default; a changed one
@@ -310,6 +320,7 @@ class AdmissionSpec:
     default_timeout_ms: int | None = None
     max_inflight: int | None = None
     budget_share: float | None = None
+    queue_proxy: QueueProxySpec = field(default_factory=QueueProxySpec)
 
     def ranker_env(self) -> list[dict[str, str]]:
         named = (
@@ -455,12 +466,24 @@ def _admission(a: dict[str, Any]) -> AdmissionSpec:
         default_timeout_ms=_int_or_none(a.get("defaultTimeoutMs")),
         max_inflight=_int_or_none(a.get("maxInflight")),
         budget_share=None if a.get("budgetShare") is None else float(a["budgetShare"]),
+        queue_proxy=_queue_proxy(a.get("queueProxy") or {}),
     )
     if admission.mode is not None and admission.mode not in ADMISSION_MODES:
         raise SpecError(
             "admission.mode", f"{admission.mode!r} is not one of {', '.join(ADMISSION_MODES)}"
         )
     return admission
+
+
+def _queue_proxy(q: dict[str, Any]) -> QueueProxySpec:
+    proxy = QueueProxySpec(
+        enabled=bool(q.get("enabled", False)),
+        max_inflight=int(q.get("maxInflight", QueueProxySpec.max_inflight)),
+        resources=dict(q.get("resources") or {}),
+    )
+    if proxy.max_inflight < 1:
+        raise SpecError("admission.queueProxy.maxInflight", f"{proxy.max_inflight} is below 1")
+    return proxy
 
 
 def _int_or_none(value: Any) -> int | None:

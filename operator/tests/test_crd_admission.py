@@ -252,6 +252,11 @@ INVALID = [
         "spec.admission.maxInflight",
     ),
     (
+        "a queue proxy letting no request through",
+        with_({"admission": {"queueProxy": {"enabled": True, "maxInflight": 0}}}),
+        "spec.admission.queueProxy.maxInflight",
+    ),
+    (
         "a default deadline over a minute",
         with_({"admission": {"defaultTimeoutMs": 60001}}),
         "spec.admission.defaultTimeoutMs",

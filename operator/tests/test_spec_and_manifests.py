@@ -54,6 +54,7 @@ def test_examples_parse() -> None:
         ({"routing": {"mode": "gateway"}}, "routing.gateway.name"),
         ({"routing": {"mode": "bundled", "hashBalanceFactor": 50}}, "routing.hashBalanceFactor"),
         ({"admission": {"mode": "queue"}}, "admission.mode"),
+        ({"admission": {"queueProxy": {"maxInflight": 0}}}, "admission.queueProxy.maxInflight"),
     ],
 )
 def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
@@ -142,6 +143,51 @@ def test_admission_settings_reach_the_pods_as_the_rankers_own_and_only_when_set(
         settings = load_config({}).admission
     got = (settings.mode, settings.default_timeout_ms, settings.max_inflight, settings.budget_share)
     assert got == ("drop", 250, 64, 0.5)
+
+
+def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> None:
+    from kvrank_operator.manifests.queue_proxy import UPSTREAM_PORT
+
+    def pod(admission: dict) -> dict:
+        spec = parse_spec({"model": {"version": "v1", "uri": "/m"}, "admission": admission})
+        return m.deployment(spec, "feed", "prod", "v1", "/m", 2, "stable")["spec"]["template"]
+
+    assert [c["name"] for c in pod({})["spec"]["containers"]] == ["ranker"]  # off by default
+    template = pod({"queueProxy": {"enabled": True, "maxInflight": 8}})
+    ranker, proxy = template["spec"]["containers"]
+    assert (
+        proxy["name"] == "queue-proxy"
+        and proxy["image"] == parse_spec({"model": {"version": "v1", "uri": "/m"}}).routing.image
+    )  # the router image: the same stock Envoy
+    # the pod's http port (Services, the router, the PodMonitor) is the proxy's
+    assert [p["name"] for p in ranker["ports"]] == ["admin", "probes"]
+    assert proxy["ports"] == [{"name": "http", "containerPort": 8080}]
+    env = {e["name"]: e.get("value") for e in ranker["env"]}
+    assert env["KVRANK_PORT"] == str(UPSTREAM_PORT) and env["KVRANK_HOST"] == "0.0.0.0"
+    assert ranker["readinessProbe"]["httpGet"]["port"] == "probes"  # never behind the bound
+    bootstrap = json.loads(proxy["args"][proxy["args"].index("--config-yaml") + 1])
+    (listener,) = bootstrap["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"]["port_value"] == 8080
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    assert [(r["match"]["prefix"], r["route"]["cluster"]) for r in routes] == [
+        ("/v1/", "ranker"),
+        ("/", "ranker-ops"),
+    ]
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    bound = clusters["ranker"]["circuit_breakers"]["thresholds"][0]
+    assert bound["max_requests"] == 8 and bound["max_connections"] > 8
+    for c in clusters.values():
+        (endpoint,) = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert endpoint["endpoint"]["address"]["socket_address"] == {
+            "address": "127.0.0.1",
+            "port_value": UPSTREAM_PORT,
+        }
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+    assert proxy["resources"]["limits"]["memory"] == "256Mi"
+    # a changed bound is a changed pod template: the pods roll
+    assert pod({"queueProxy": {"enabled": True, "maxInflight": 9}}) != template
 
 
 def test_a_default_spec_gives_pods_the_rankers_own_defaults() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from kvrank_operator.manifests import queue_proxy
 from kvrank_operator.manifests.common import (
     ADMIN_ACCESS_LABEL,
     ADMIN_PORT,
@@ -153,13 +154,13 @@ def ranker_pod(
         security["runAsGroup"] = knobs.run_as_group
     if knobs.fs_group is not None:
         security["fsGroup"] = knobs.fs_group
+    ranker = _container(
+        spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts, resources
+    )
+    proxied = spec.admission.queue_proxy.enabled
     pod: dict[str, Any] = {
         "securityContext": security,
-        "containers": [
-            _container(
-                spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts, resources
-            )
-        ],
+        "containers": [ranker, queue_proxy.container(spec)] if proxied else [ranker],
         "volumes": volumes,
         "topologySpreadConstraints": [
             {
@@ -204,12 +205,17 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
         {"name": "KVRANK_CONFIG_FILE", "value": CONFIG_FILE},
         {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},
-        {"name": "KVRANK_PORT", "value": str(spec.port)},
+        {"name": "KVRANK_PORT", "value": str(_ranker_port(spec))},
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
         {"name": "KVRANK_PROBE_PORT", "value": str(PROBE_PORT)},
         *spec.admission.ranker_env(),
         *spec.model.env,
     ]
+
+
+def _ranker_port(spec: RankerSpec) -> int:
+    """Where the ranker serves: the pod's port, or behind its queue proxy."""
+    return queue_proxy.UPSTREAM_PORT if spec.admission.queue_proxy.enabled else spec.port
 
 
 def ranker_resources(spec: RankerSpec) -> dict[str, Any]:
@@ -255,12 +261,17 @@ def _container(
     mounts: list[dict[str, Any]],
     resources: dict[str, Any],
 ) -> dict[str, Any]:
+    # behind a queue proxy the pod's http port is the proxy's, and the ranker's own port
+    # is no named port: no Service or NetworkPolicy reaches it
+    http = (
+        [] if spec.admission.queue_proxy.enabled else [{"name": "http", "containerPort": spec.port}]
+    )
     return {
         "name": "ranker",
         "image": image,
         "args": ["serve"],
         "ports": [
-            {"name": "http", "containerPort": spec.port},
+            *http,
             {"name": "admin", "containerPort": ADMIN_PORT},
             {"name": "probes", "containerPort": PROBE_PORT},
         ],

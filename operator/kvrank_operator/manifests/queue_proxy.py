@@ -1,0 +1,163 @@
+"""A ranker pod's queue proxy: stock Envoy beside the ranker, holding at most ``maxInflight``
+scoring requests in flight to it and refusing one more at once (what Knative's queue-proxy
+does for KServe's ``containerConcurrency``).
+
+Why a second process: under a spike most requests must be refused, and a ranker that refuses
+them itself does it on the event loop that shares Python's interpreter lock with its model
+thread — every refusal takes the lock from the model for a moment (measured at 4x one CPU
+ranker's capacity: ~0.85x of its capacity answered in time alone, ~0.94x behind this proxy;
+``make bench-overload-front``). Envoy answers the overflow in C++, before Python sees it: 503
+with ``Retry-After: 1`` and ``x-kvrank-shed: queue``, the header the bundled router retries on
+another pod (within its retry budget). The ranker's own admission control still screens what
+gets through (deadlines, estimated wait).
+
+Only scoring (``/v1/…``) is bounded; ``/metrics``, ``/healthz`` and ``/readyz`` go to the ranker
+through a second, unbounded cluster, so Prometheus and the operator keep reading a saturated
+pod. No route timeout: the caller's deadline travels in its header and the ranker drops work
+nobody waits for. The ranker listens on :data:`UPSTREAM_PORT` (not a named port of the pod, so
+neither Service nor NetworkPolicy lets anyone else reach it); its probe and admin ports are
+unchanged. The whole bootstrap travels in the container's arguments (``--config-yaml``), so a
+changed bound rolls the pods like any other pod setting. Pure: plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvrank_operator.manifests.common import restricted_container, with_defaults
+from kvrank_operator.manifests.router import SHED_HEADER
+from kvrank_operator.spec import RankerSpec
+
+UPSTREAM_PORT = 8083
+"""Where the ranker listens behind its queue proxy (its scoring port moves here)."""
+ADMIN_PORT = 9901
+"""Envoy's admin interface, on loopback only."""
+SPARE_CONNECTIONS = 4
+"""Connections to the ranker beyond the in-flight bound: with none, a request over the bound
+waited in Envoy's queue for a connection (measured: admitted p99 ~600 ms, health probes
+~250 ms behind it) instead of being refused at once."""
+OPS_MAX_REQUESTS = 64
+"""In flight on the unbounded side (metrics, health): never reached in practice."""
+RESOURCES = (
+    {"cpu": "50m", "memory": "32Mi", "ephemeral-storage": "16Mi"},
+    {
+        "memory": "256Mi",
+        "ephemeral-storage": "64Mi",
+    },
+)
+"""(requests, limits) unless the user sets ``admission.queueProxy.resources``."""
+
+
+def envoy_bootstrap(
+    listen: int, upstream: int, max_inflight: int, admin: int, listen_address: str = "0.0.0.0"
+) -> dict[str, Any]:
+    """Envoy's bootstrap: a listener on ``listen`` proxying to the ranker on loopback
+    ``upstream``, at most ``max_inflight`` scoring requests in flight; an overflow answered
+    503 with the shed headers."""
+    listener = {
+        "name": "queue",
+        "address": _socket(listen_address, listen),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": _connection_manager(),
+                    }
+                ]
+            }
+        ],
+    }
+    bounded = {
+        # the bound: one more request in flight overflows (503); room to spare in
+        # connections, so that no request waits in Envoy for one (a queue no deadline sees)
+        "max_requests": max_inflight,
+        "max_connections": max_inflight + SPARE_CONNECTIONS,
+        "max_pending_requests": max_inflight,
+        "max_retries": 0,
+    }
+    ops = {"max_requests": OPS_MAX_REQUESTS, "max_connections": OPS_MAX_REQUESTS}
+    return {
+        "admin": {"address": _socket("127.0.0.1", admin)},
+        "static_resources": {
+            "listeners": [listener],
+            "clusters": [
+                _cluster("ranker", upstream, bounded),
+                _cluster("ranker-ops", upstream, ops),
+            ],
+        },
+    }
+
+
+def _connection_manager() -> dict[str, Any]:
+    """Scoring to the bounded cluster, the rest to the unbounded one; an overflow's reply."""
+    shed_reply = {
+        "filter": {"response_flag_filter": {"flags": ["UO"]}},  # upstream overflow
+        "headers_to_add": [
+            {"header": {"key": "retry-after", "value": "1"}},
+            {"header": {"key": SHED_HEADER, "value": "queue"}},
+        ],
+    }
+    routes = [
+        {"match": {"prefix": "/v1/"}, "route": {"cluster": "ranker", "timeout": "0s"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "ranker-ops", "timeout": "30s"}},
+    ]
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network"
+        ".http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "queue",
+        "local_reply_config": {"mappers": [shed_reply]},
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+        "route_config": {"virtual_hosts": [{"name": "ranker", "domains": ["*"], "routes": routes}]},
+    }
+
+
+def _cluster(name: str, upstream: int, thresholds: dict[str, int]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "circuit_breakers": {"thresholds": [thresholds]},
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket("127.0.0.1", upstream)}}]}
+            ],
+        },
+    }
+
+
+def _socket(address: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": address, "port_value": port}}
+
+
+def container(spec: RankerSpec) -> dict[str, Any]:
+    """The proxy's container: the router image's Envoy, the pod's ``http`` port."""
+    qp = spec.admission.queue_proxy
+    bootstrap = envoy_bootstrap(spec.port, UPSTREAM_PORT, qp.max_inflight, ADMIN_PORT)
+    return {
+        "name": "queue-proxy",
+        "image": spec.routing.image,
+        "args": [
+            "--config-yaml",
+            json.dumps(bootstrap, separators=(",", ":"), sort_keys=True),
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+            "-l",
+            "warn",
+        ],
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "resources": with_defaults(qp.resources, *RESOURCES),
+        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},
+        "securityContext": restricted_container(),
+    }

@@ -1,0 +1,89 @@
+"""The queue proxy the operator puts beside each ranker (``admission.queueProxy``), run by the
+stock Envoy binary from the operator's own bootstrap in front of a real ``kvrank serve``:
+scoring beyond the bound is refused by Envoy at once, with the headers the bundled router
+retries on; what gets through is answered; metrics and health are never bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import httpx
+import pytest
+import torch
+from bench_overload_front import Front
+
+from kvrank.model.artifact import save_model
+from kvrank.model.config import QUICK
+from kvrank.model.ranker import RankerModel
+from kvrank.tools.processes import RankerProcess
+from kvrank.tools.workload import Workload, WorkloadSettings
+from kvrank_operator.manifests.router import SHED_HEADER
+
+pytestmark = pytest.mark.slow
+BURST = 40
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[tuple[RankerProcess, Front]]:
+    torch.manual_seed(0)
+    model = save_model(RankerModel(QUICK, "v1").eval(), tmp_path / "v1")
+    ranker = RankerProcess.start(model, tmp_path, env={"KVRANK_ADMISSION_MODE": "shed"})
+    front = Front(tmp_path, ranker, limit=1)
+    try:
+        front.start()
+        yield ranker, front
+    finally:
+        front.stop()
+        ranker.stop()
+
+
+def bodies(n: int) -> list[bytes]:
+    """Distinct users with full windows: each request a miss of some milliseconds."""
+    settings = WorkloadSettings(users=n, zipf_s=0.0, candidates=100, history_fill=1.0)
+    pool = [r.body for r in Workload(QUICK, settings).requests(n)]
+    return [json.dumps({**b, "user_id": f"burst-{i}"}).encode() for i, b in enumerate(pool)]
+
+
+async def burst(url: str, requests: list[bytes]) -> tuple[list[tuple[int, dict[str, str]]], int]:
+    """Every request at once, and a scrape of ``/metrics`` in the middle of them."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def score(body: bytes) -> tuple[int, dict[str, str]]:
+            headers = {"content-type": "application/json"}
+            async with session.post(f"{url}/v1/score", data=body, headers=headers) as resp:
+                await resp.read()
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}
+
+        async def scrape() -> int:
+            await asyncio.sleep(0.005)
+            async with session.get(f"{url}/metrics") as resp:
+                await resp.read()
+                return resp.status
+
+        scored = asyncio.gather(*(score(b) for b in requests))
+        metrics_status = await scrape()
+        return list(await scored), metrics_status
+
+
+def test_the_overflow_is_refused_by_the_proxy_and_metrics_are_not_bounded(proxied) -> None:
+    ranker, front = proxied
+    shed_before = ranker.metric("kvrank_shed_requests_total")
+    answers, metrics_status = asyncio.run(burst(front.url, bodies(BURST)))
+    statuses = Counter(status for status, _ in answers)
+    shed_by_ranker = ranker.metric("kvrank_shed_requests_total") - shed_before
+    print(f"callers saw {dict(statuses)}; the ranker shed {shed_by_ranker:.0f} itself")
+    assert statuses[200] >= 1 and statuses[503] >= BURST // 2, statuses
+    assert set(statuses) <= {200, 503}, statuses
+    for status, headers in answers:
+        if status == 503:  # what the bundled router retries on another pod
+            assert headers.get(SHED_HEADER) == "queue" and headers.get("retry-after") == "1"
+    # the refusals were Envoy's: the ranker itself shed at most the few it was sent
+    assert shed_by_ranker < statuses[503], (shed_by_ranker, statuses)
+    assert metrics_status == 200  # scraped while scoring was full
+    assert httpx.get(f"{front.url}/healthz", timeout=5).status_code == 200
+    assert httpx.get(f"{front.url}/readyz", timeout=5).status_code == 200
