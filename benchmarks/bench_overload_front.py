@@ -79,7 +79,10 @@ class Front:
         self.port, admin = free_port(), free_port()
         self.config = workdir / f"front-{self.port}.json"
         # what the operator runs beside each ranker with admission.queueProxy enabled
-        bootstrap = envoy_bootstrap(self.port, ranker.port, limit, admin, "127.0.0.1")
+        self.stats_port = free_port()
+        bootstrap = envoy_bootstrap(
+            self.port, ranker.port, limit, admin, self.stats_port, listen_address="127.0.0.1"
+        )
         self.config.write_text(json.dumps(bootstrap))
         self.log = workdir / f"front-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None

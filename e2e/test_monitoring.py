@@ -244,8 +244,8 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     autoscaler would scale on. Alone, the ranker sheds and Prometheus counts it; with the
     queue proxy beside it (``admission.queueProxy``), Envoy refuses part of the spike before
     the ranker sees it (about half of the refusals in one run: the ranker's own admission
-    still sheds what it could not serve in time), and scrapes through the proxy are not
-    refused."""
+    still sheds what it could not serve in time), Prometheus counts those from Envoy's own
+    statistics, and scrapes through the proxy are not refused."""
     from kvrank.tools.overload import measure_capacity
 
     if stack.backend != "local":
@@ -300,7 +300,12 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
         f"max_over_time(kvrank_model_queue_depth{{{sel}}}{window})",
         f"max_over_time(kvrank_inflight_requests{{{sel}}}{window})",
     ]
-    if not queue_proxy:  # behind the proxy the ranker may have shed nothing itself
+    if queue_proxy:  # what the proxy refused, from Envoy's own statistics
+        proxy = f'{sel}, envoy_cluster_name="ranker"'
+        queries.append(
+            f"sum(increase(envoy_cluster_upstream_rq_active_overflow{{{proxy}}}{window}))"
+        )
+    else:  # behind the proxy the ranker may have shed nothing itself
         queries.append(f"sum(increase(kvrank_shed_requests_total{{{sel}}}{window}))")
     for query in queries:
         values = [float(r["value"][1]) for r in promql(stack, query)]

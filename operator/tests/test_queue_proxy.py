@@ -20,12 +20,13 @@ from bench_overload_front import Front
 from kvrank.model.artifact import save_model
 from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import RankerProcess
+from kvrank.tools.processes import RankerProcess, samples
 from kvrank.tools.workload import Workload, WorkloadSettings
 from kvrank_operator.manifests.router import SHED_HEADER
 
 pytestmark = pytest.mark.slow
 BURST = 40
+RANKER = {"envoy_cluster_name": "ranker"}
 
 
 @pytest.fixture
@@ -87,3 +88,11 @@ def test_the_overflow_is_refused_by_the_proxy_and_metrics_are_not_bounded(proxie
     assert metrics_status == 200  # scraped while scoring was full
     assert httpx.get(f"{front.url}/healthz", timeout=5).status_code == 200
     assert httpx.get(f"{front.url}/readyz", timeout=5).status_code == 200
+    # what the PodMonitor reads of the proxy: the requests it refused
+    stats = httpx.get(f"http://127.0.0.1:{front.stats_port}/stats/prometheus", timeout=5).text
+    # (prometheus_client's parser gives a counter's sample the _total suffix)
+    refused = sum(
+        sum(samples(stats, f"envoy_cluster_upstream_rq_{kind}_overflow_total", **RANKER))
+        for kind in ("active", "pending")  # over the bound; waiting for a connection (none)
+    )
+    assert refused == statuses[503] - shed_by_ranker, (refused, statuses, shed_by_ranker)

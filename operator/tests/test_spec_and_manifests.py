@@ -161,12 +161,16 @@ def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> Non
     )  # the router image: the same stock Envoy
     # the pod's http port (Services, the router, the PodMonitor) is the proxy's
     assert [p["name"] for p in ranker["ports"]] == ["admin", "probes"]
-    assert proxy["ports"] == [{"name": "http", "containerPort": 8080}]
+    assert proxy["ports"] == [
+        {"name": "http", "containerPort": 8080},
+        {"name": "proxy-stats", "containerPort": 9902},  # Envoy's statistics, for the PodMonitor
+    ]
     env = {e["name"]: e.get("value") for e in ranker["env"]}
     assert env["KVRANK_PORT"] == str(UPSTREAM_PORT) and env["KVRANK_HOST"] == "0.0.0.0"
     assert ranker["readinessProbe"]["httpGet"]["port"] == "probes"  # never behind the bound
     bootstrap = json.loads(proxy["args"][proxy["args"].index("--config-yaml") + 1])
-    (listener,) = bootstrap["static_resources"]["listeners"]
+    listener, stats = bootstrap["static_resources"]["listeners"]
+    assert stats["address"]["socket_address"]["port_value"] == 9902
     assert listener["address"]["socket_address"]["port_value"] == 8080
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     routes = manager["route_config"]["virtual_hosts"][0]["routes"]
@@ -177,7 +181,8 @@ def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> Non
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
     bound = clusters["ranker"]["circuit_breakers"]["thresholds"][0]
     assert bound["max_requests"] == 8 and bound["max_connections"] > 8
-    for c in clusters.values():
+    assert set(clusters) == {"ranker", "ranker-ops", "admin"}
+    for c in (clusters["ranker"], clusters["ranker-ops"]):
         (endpoint,) = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
         assert endpoint["endpoint"]["address"]["socket_address"] == {
             "address": "127.0.0.1",
@@ -302,8 +307,9 @@ def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_no
     rankers, deny = m.network_policies(spec, "feed", "prod")
     assert rankers["spec"]["podSelector"]["matchLabels"] == m.ranker_selector("feed")
     open_rule, admin_rule = rankers["spec"]["ingress"]
-    assert "from" not in open_rule  # scoring and probes: from anywhere
-    assert {p["port"] for p in open_rule["ports"]} == {"http", 8082}
+    assert "from" not in open_rule  # scoring, probes, a queue proxy's statistics: from anywhere
+    assert {p["port"] for p in open_rule["ports"]} == {"http", 8082, "proxy-stats"}
+    # behind a queue proxy the ranker's own port (8083) is in no rule: only the proxy reaches it
     assert admin_rule["ports"] == [{"port": 8081}]
     assert admin_rule["from"] == [{"podSelector": {"matchLabels": {m.ADMIN_ACCESS_LABEL: "true"}}}]
     # every pod of the instance: what no other policy allows is refused (the Jobs: all)

@@ -16,8 +16,10 @@ through a second, unbounded cluster, so Prometheus and the operator keep reading
 pod. No route timeout: the caller's deadline travels in its header and the ranker drops work
 nobody waits for. The ranker listens on :data:`UPSTREAM_PORT` (not a named port of the pod, so
 neither Service nor NetworkPolicy lets anyone else reach it); its probe and admin ports are
-unchanged. The whole bootstrap travels in the container's arguments (``--config-yaml``), so a
-changed bound rolls the pods like any other pod setting. Pure: plain dicts.
+unchanged. Envoy's statistics (what it refused, what it holds in flight) are on
+:data:`STATS_PORT` for the PodMonitor. The whole bootstrap travels in the container's
+arguments (``--config-yaml``), so a changed bound rolls the pods like any other pod setting.
+Pure: plain dicts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import restricted_container, with_defaults
 from kvrank_operator.manifests.router import SHED_HEADER
 from kvrank_operator.spec import RankerSpec
@@ -33,6 +36,11 @@ UPSTREAM_PORT = 8083
 """Where the ranker listens behind its queue proxy (its scoring port moves here)."""
 ADMIN_PORT = 9901
 """Envoy's admin interface, on loopback only."""
+STATS_PORT = 9902
+"""``/stats/prometheus`` and ``/ready`` of it, for the PodMonitor: how many requests the proxy
+refused (``envoy_cluster_upstream_rq_active_overflow{envoy_cluster_name="ranker"}``: over the
+bound), what it holds in flight (``envoy_cluster_upstream_rq_active``)."""
+STATS_PORT_NAME = "proxy-stats"
 SPARE_CONNECTIONS = 4
 """Connections to the ranker beyond the in-flight bound: with none, a request over the bound
 waited in Envoy's queue for a connection (measured: admitted p99 ~600 ms, health probes
@@ -50,25 +58,17 @@ RESOURCES = (
 
 
 def envoy_bootstrap(
-    listen: int, upstream: int, max_inflight: int, admin: int, listen_address: str = "0.0.0.0"
+    listen: int,
+    upstream: int,
+    max_inflight: int,
+    admin: int,
+    stats: int = STATS_PORT,
+    listen_address: str = "0.0.0.0",
 ) -> dict[str, Any]:
     """Envoy's bootstrap: a listener on ``listen`` proxying to the ranker on loopback
-    ``upstream``, at most ``max_inflight`` scoring requests in flight; an overflow answered
-    503 with the shed headers."""
-    listener = {
-        "name": "queue",
-        "address": _socket(listen_address, listen),
-        "filter_chains": [
-            {
-                "filters": [
-                    {
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": _connection_manager(),
-                    }
-                ]
-            }
-        ],
-    }
+    ``upstream``, at most ``max_inflight`` scoring requests in flight, an overflow answered
+    503 with the shed headers; Envoy's own statistics on ``stats``."""
+    listener = envoy.listener("queue", listen, _connection_manager(), listen_address)
     bounded = {
         # the bound: one more request in flight overflows (503); room to spare in
         # connections, so that no request waits in Envoy for one (a queue no deadline sees)
@@ -79,12 +79,13 @@ def envoy_bootstrap(
     }
     ops = {"max_requests": OPS_MAX_REQUESTS, "max_connections": OPS_MAX_REQUESTS}
     return {
-        "admin": {"address": _socket("127.0.0.1", admin)},
+        "admin": {"address": envoy.socket("127.0.0.1", admin)},
         "static_resources": {
-            "listeners": [listener],
+            "listeners": [listener, envoy.stats_listener(stats, address=listen_address)],
             "clusters": [
                 _cluster("ranker", upstream, bounded),
                 _cluster("ranker-ops", upstream, ops),
+                envoy.admin_cluster(admin),
             ],
         },
     }
@@ -104,45 +105,22 @@ def _connection_manager() -> dict[str, Any]:
         {"match": {"prefix": "/"}, "route": {"cluster": "ranker-ops", "timeout": "30s"}},
     ]
     return {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network"
-        ".http_connection_manager.v3.HttpConnectionManager",
+        "@type": envoy.HTTP_CONNECTION_MANAGER,
         "stat_prefix": "queue",
         "local_reply_config": {"mappers": [shed_reply]},
-        "http_filters": [
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                },
-            }
-        ],
+        "http_filters": [envoy.router_filter()],
         "route_config": {"virtual_hosts": [{"name": "ranker", "domains": ["*"], "routes": routes}]},
     }
 
 
 def _cluster(name: str, upstream: int, thresholds: dict[str, int]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "circuit_breakers": {"thresholds": [thresholds]},
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": _socket("127.0.0.1", upstream)}}]}
-            ],
-        },
-    }
-
-
-def _socket(address: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": address, "port_value": port}}
+    return envoy.static_cluster(name, upstream, "1s", circuit_breakers={"thresholds": [thresholds]})
 
 
 def container(spec: RankerSpec) -> dict[str, Any]:
     """The proxy's container: the router image's Envoy, the pod's ``http`` port."""
     qp = spec.admission.queue_proxy
-    bootstrap = envoy_bootstrap(spec.port, UPSTREAM_PORT, qp.max_inflight, ADMIN_PORT)
+    bootstrap = envoy_bootstrap(spec.port, UPSTREAM_PORT, qp.max_inflight, ADMIN_PORT, STATS_PORT)
     return {
         "name": "queue-proxy",
         "image": spec.routing.image,
@@ -155,7 +133,10 @@ def container(spec: RankerSpec) -> dict[str, Any]:
             "-l",
             "warn",
         ],
-        "ports": [{"name": "http", "containerPort": spec.port}],
+        "ports": [
+            {"name": "http", "containerPort": spec.port},
+            {"name": STATS_PORT_NAME, "containerPort": STATS_PORT},
+        ],
         "resources": with_defaults(qp.resources, *RESOURCES),
         "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},

@@ -339,12 +339,12 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
 
 def network_policies(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
     """Every pod of ``instance`` accepts no connection but what a policy of its kind allows
-    (the Jobs, Redis bootstrap and cache purge, none); rankers: anyone may score and probe,
-    only pods labelled :data:`ADMIN_ACCESS_LABEL` reach the admin port. Redis' and the
-    router's policies are theirs."""
+    (the Jobs, Redis bootstrap and cache purge, none); rankers: anyone may score, probe and
+    read a queue proxy's statistics, only pods labelled :data:`ADMIN_ACCESS_LABEL` reach the
+    admin port. Redis' and the router's policies are theirs."""
     admins = {"podSelector": {"matchLabels": {ADMIN_ACCESS_LABEL: "true"}}}
     rankers: list[dict[str, Any]] = [
-        {"ports": [{"port": "http"}, {"port": PROBE_PORT}]},
+        {"ports": [{"port": "http"}, {"port": PROBE_PORT}, {"port": queue_proxy.STATS_PORT_NAME}]},
         {"from": [admins], "ports": [{"port": ADMIN_PORT}]},
     ]
     every_pod = {"matchLabels": {"app.kubernetes.io/instance": instance}}
@@ -391,10 +391,15 @@ class PodMonitoring:
 
 COMPONENT_META = "__meta_kubernetes_pod_label_app_kubernetes_io_component"
 """A pod's ``app.kubernetes.io/component`` label, as Prometheus' pod discovery names it."""
-MONITORED = {"ranker": ("http", "/metrics"), "router": ("stats", "/stats/prometheus")}
-"""Each kind of pod the PodMonitor scrapes: its port's name and the path. The bundled
-router's is Envoy's own statistics (requests, retries, healthy upstream pods per version),
-on the port that exposes no more of its admin interface than that and ``/ready``."""
+MONITORED = (
+    ("ranker", "http", "/metrics"),
+    ("ranker", queue_proxy.STATS_PORT_NAME, "/stats/prometheus"),
+    ("router", "stats", "/stats/prometheus"),
+)
+"""What the PodMonitor scrapes of each kind of pod: (component, port name, path). A ranker's
+queue proxy (only pods that have one have its port) and the bundled router expose Envoy's own
+statistics (refused requests, requests in flight; retries, healthy upstream pods per version)
+on a port that shows no more of the admin interface than that and ``/ready``."""
 
 
 def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[str, Any]:
@@ -403,7 +408,7 @@ def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[
     each kept to the pods of its component (both have a port named ``http``). One object
     whatever ``spec.routing`` says, so turning the router off leaves nothing to delete."""
     selector = {"app.kubernetes.io/instance": instance}
-    components = sorted(MONITORED)
+    components = sorted({component for component, _, _ in MONITORED})
     return {
         "apiVersion": POD_MONITOR_API,
         "kind": "PodMonitor",
@@ -433,7 +438,7 @@ def pod_monitor(instance: str, namespace: str, settings: PodMonitoring) -> dict[
                         {"sourceLabels": [COMPONENT_META], "regex": component, "action": "keep"}
                     ],
                 }
-                for component, (port, path) in sorted(MONITORED.items())
+                for component, port, path in MONITORED
             ],
         },
     }

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     NO_API_TOKEN,
     deployment_name,
@@ -242,7 +243,7 @@ def envoy_files(cfg: RouterConfig) -> dict[str, str]:
         "lds.yaml": [_typed("listener.v3.Listener", lst) for lst in (_scoring(cfg), _stats(cfg))],
         "cds.yaml": [
             _typed("cluster.v3.Cluster", c)
-            for c in [*(_cluster(cfg, u) for u in cfg.upstreams), _admin_cluster()]
+            for c in [*(_cluster(cfg, u) for u in cfg.upstreams), envoy.admin_cluster(ADMIN_PORT)]
         ],
     }
     files = {name: yaml.safe_dump({"resources": docs}) for name, docs in resources.items()}
@@ -262,7 +263,7 @@ def bootstrap() -> dict[str, Any]:
 
     return {
         "node": {"id": "kvrank-router", "cluster": "kvrank-router"},
-        "admin": {"address": _socket("127.0.0.1", ADMIN_PORT)},
+        "admin": {"address": envoy.socket("127.0.0.1", ADMIN_PORT)},
         "dynamic_resources": {"lds_config": watched("lds.yaml"), "cds_config": watched("cds.yaml")},
     }
 
@@ -312,16 +313,12 @@ def _scoring(cfg: RouterConfig) -> dict[str, Any]:
                 }
             ],
         },
-        "http_filters": [_router_filter()],
+        "http_filters": [envoy.router_filter()],
     }
-    return _listener("scoring", cfg.port, manager)
+    return envoy.listener("scoring", cfg.port, manager)
 
 
 def _stats(cfg: RouterConfig) -> dict[str, Any]:
-    routes = [
-        {"match": {"path": path}, "route": {"cluster": "admin"}}
-        for path in ("/ready", "/stats/prometheus")
-    ]
     routable = {  # answered here: 200 while each required cluster has a healthy host
         "name": "envoy.filters.http.health_check",
         "typed_config": {
@@ -334,17 +331,7 @@ def _stats(cfg: RouterConfig) -> dict[str, Any]:
             },
         },
     }
-    manager = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-        "http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "stats",
-        "route_config": {
-            "name": "stats",
-            "virtual_hosts": [{"name": "admin", "domains": ["*"], "routes": routes}],
-        },
-        "http_filters": [routable, _router_filter()],
-    }
-    return _listener("stats", STATS_PORT, manager)
+    return envoy.stats_listener(STATS_PORT, [routable])
 
 
 def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
@@ -386,7 +373,11 @@ def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
         "load_assignment": {
             "cluster_name": u.name,
             "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": _socket(h, p)}} for h, p in u.endpoints]}
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": envoy.socket(h, p)}} for h, p in u.endpoints
+                    ]
+                }
             ],
         },
     }
@@ -396,46 +387,8 @@ def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
     return cluster
 
 
-def _admin_cluster() -> dict[str, Any]:
-    return {
-        "name": "admin",
-        "type": "STATIC",
-        "connect_timeout": "0.25s",
-        "load_assignment": {
-            "cluster_name": "admin",
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": _socket("127.0.0.1", ADMIN_PORT)}}]}
-            ],
-        },
-    }
-
-
-def _listener(name: str, port: int, manager: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "address": _socket("0.0.0.0", port),
-        "filter_chains": [
-            {"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                          "typed_config": manager}]}
-        ],
-    }  # fmt: skip
-
-
-def _router_filter() -> dict[str, Any]:
-    return {
-        "name": "envoy.filters.http.router",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-        },
-    }
-
-
 def _typed(kind: str, doc: dict[str, Any]) -> dict[str, Any]:
     return {"@type": f"type.googleapis.com/envoy.config.{kind}", **doc}
-
-
-def _socket(address: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": address, "port_value": port}}
 
 
 def _duration(seconds: float) -> str:

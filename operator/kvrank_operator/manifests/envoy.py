@@ -1,0 +1,80 @@
+"""Pieces of Envoy configuration the bundled router and the rankers' queue proxy share: a
+listener, the router filter, a static cluster, and the listener that shows other pods only
+``/ready`` and ``/stats/prometheus`` of an admin interface kept on loopback. Pure: plain
+dicts in Envoy's v3 schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HTTP_CONNECTION_MANAGER = (
+    "type.googleapis.com/envoy.extensions.filters.network."
+    "http_connection_manager.v3.HttpConnectionManager"
+)
+ADMIN_CLUSTER = "admin"
+
+
+def socket(address: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": address, "port_value": port}}
+
+
+def router_filter() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+
+
+def listener(
+    name: str, port: int, manager: dict[str, Any], address: str = "0.0.0.0"
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "address": socket(address, port),
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                          "typed_config": manager}]}
+        ],
+    }  # fmt: skip
+
+
+def static_cluster(name: str, port: int, connect_timeout: str, **extra: Any) -> dict[str, Any]:
+    """A cluster of one host on loopback."""
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": connect_timeout,
+        **extra,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket("127.0.0.1", port)}}]}],
+        },
+    }
+
+
+def admin_cluster(admin_port: int) -> dict[str, Any]:
+    """The admin interface on loopback, for :func:`stats_listener`'s routes."""
+    return static_cluster(ADMIN_CLUSTER, admin_port, "0.25s")
+
+
+def stats_listener(
+    port: int, filters: list[dict[str, Any]] | None = None, address: str = "0.0.0.0"
+) -> dict[str, Any]:
+    """What other pods may see of the admin interface: ``/ready`` and ``/stats/prometheus``
+    (liveness, the PodMonitor); ``filters`` may answer more paths before the router filter."""
+    routes = [
+        {"match": {"path": path}, "route": {"cluster": ADMIN_CLUSTER}}
+        for path in ("/ready", "/stats/prometheus")
+    ]
+    manager = {
+        "@type": HTTP_CONNECTION_MANAGER,
+        "stat_prefix": "stats",
+        "route_config": {
+            "name": "stats",
+            "virtual_hosts": [{"name": "admin", "domains": ["*"], "routes": routes}],
+        },
+        "http_filters": [*(filters or []), router_filter()],
+    }
+    return listener("stats", port, manager, address)
