@@ -15,13 +15,8 @@ from pathlib import Path
 import httpx
 
 from kvrank.tools.processes import free_port, stop_process
-from kvrank_operator.manifests.router import (
-    ADMIN_PORT,
-    CONFIG_DIR,
-    STATS_PORT,
-    RouterConfig,
-    envoy_files,
-)
+from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
+from kvrank_operator.manifests.router import CONFIG_DIR, RouterConfig, envoy_files
 
 ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
 """The stock binary, installed next to this interpreter by ``make venv``."""

@@ -12,6 +12,10 @@ HTTP_CONNECTION_MANAGER = (
     "http_connection_manager.v3.HttpConnectionManager"
 )
 ADMIN_CLUSTER = "admin"
+ADMIN_PORT = 9901
+"""An Envoy's admin interface, on loopback only (it can drain and stop the proxy)."""
+STATS_PORT = 9902
+"""What of it other pods may see (:func:`stats_listener`): ``/ready``, ``/stats/prometheus``."""
 
 
 def socket(address: str, port: int) -> dict[str, Any]:

@@ -5,11 +5,11 @@ does for KServe's ``containerConcurrency``).
 Why a second process: under a spike most requests must be refused, and a ranker that refuses
 them itself does it on the event loop that shares Python's interpreter lock with its model
 thread — every refusal takes the lock from the model for a moment (measured at 4x one CPU
-ranker's capacity: ~0.85x of its capacity answered in time alone, ~0.94x behind this proxy;
-``make bench-overload-front``). Envoy answers the overflow in C++, before Python sees it: 503
-with ``Retry-After: 1`` and ``x-kvrank-shed: queue``, the header the bundled router retries on
-another pod (within its retry budget). The ranker's own admission control still screens what
-gets through (deadlines, estimated wait).
+ranker's capacity: 0.83-0.85x of its capacity answered in time alone, 0.87-0.94x behind this
+proxy on two days; ``make bench-overload-front``). Envoy answers the overflow in C++, before
+Python sees it: 503 with ``Retry-After: 1`` and ``x-kvrank-shed: queue``, the header the
+bundled router retries on another pod (within its retry budget). The ranker's own admission
+control still screens what gets through (deadlines, estimated wait).
 
 Only scoring (``/v1/…``) is bounded; ``/metrics``, ``/healthz`` and ``/readyz`` go to the ranker
 through a second, unbounded cluster, so Prometheus and the operator keep reading a saturated
@@ -29,18 +29,17 @@ from typing import Any
 
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import restricted_container, with_defaults
+from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
 from kvrank_operator.manifests.router import SHED_HEADER
 from kvrank_operator.spec import RankerSpec
 
 UPSTREAM_PORT = 8083
 """Where the ranker listens behind its queue proxy (its scoring port moves here)."""
-ADMIN_PORT = 9901
-"""Envoy's admin interface, on loopback only."""
-STATS_PORT = 9902
-"""``/stats/prometheus`` and ``/ready`` of it, for the PodMonitor: how many requests the proxy
-refused (``envoy_cluster_upstream_rq_active_overflow{envoy_cluster_name="ranker"}``: over the
-bound), what it holds in flight (``envoy_cluster_upstream_rq_active``)."""
 STATS_PORT_NAME = "proxy-stats"
+"""The name of the proxy's :data:`~kvrank_operator.manifests.envoy.STATS_PORT`, where the
+PodMonitor reads how many requests it refused over the bound
+(``envoy_cluster_upstream_rq_active_overflow{envoy_cluster_name="ranker"}``) and what it holds
+in flight (``envoy_cluster_upstream_rq_active``)."""
 SPARE_CONNECTIONS = 4
 """Connections to the ranker beyond the in-flight bound: with none, a request over the bound
 waited in Envoy's queue for a connection (measured: admitted p99 ~600 ms, health probes
@@ -49,10 +48,7 @@ OPS_MAX_REQUESTS = 64
 """In flight on the unbounded side (metrics, health): never reached in practice."""
 RESOURCES = (
     {"cpu": "50m", "memory": "32Mi", "ephemeral-storage": "16Mi"},
-    {
-        "memory": "256Mi",
-        "ephemeral-storage": "64Mi",
-    },
+    {"memory": "256Mi", "ephemeral-storage": "64Mi"},
 )
 """(requests, limits) unless the user sets ``admission.queueProxy.resources``."""
 

@@ -55,13 +55,10 @@ from kvrank_operator.manifests.common import (
     version_labels,
     with_defaults,
 )
+from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
 from kvrank_operator.spec import ROUTING_HEADER, RankerSpec
 
 CONFIG_DIR = "/etc/envoy"
-ADMIN_PORT = 9901
-"""The admin interface, on loopback only (it can drain and stop the proxy)."""
-STATS_PORT = 9902
-"""What of the admin interface other pods may see: ``/ready``, ``/stats/prometheus``."""
 UID = 10001
 ROUTABLE = "/routable"
 """The router pods' readiness: the stable version's cluster has a healthy host."""
