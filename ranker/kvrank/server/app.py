@@ -5,14 +5,16 @@ thread), warm it up, start the shadow mirror and the config reloader
 (:mod:`~kvrank.server.reload`), then report ready; on shutdown the reverse. Routes live in
 :mod:`~kvrank.server.routes`, error mapping in :mod:`~kvrank.server.errors`, what every
 request passes through (request id, body limit, admin port, access line) in
-:mod:`~kvrank.server.edge`. A test hands in a ready-made service instead of a model
-directory.
+:mod:`~kvrank.server.edge`; a scoring request shed on its headers is answered before the
+app by the HTTP protocol (:mod:`~kvrank.server.protocol`, what ``kvrank serve`` runs). A
+test hands in a ready-made service instead of a model directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -25,6 +27,7 @@ from kvrank.server import errors, probes, routes
 from kvrank.server.config import ServerConfig
 from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
+from kvrank.server.protocol import Screener
 from kvrank.server.reload import remember_mtime, watch_config
 from kvrank.server.schemas import prefetch_model, request_model
 from kvrank.server.shadow import ShadowMirror
@@ -44,8 +47,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     app = FastAPI(title="kvrank ranker", version="1", lifespan=lifespan)
     app.state.kvrank = state
     app.openapi = lambda: openapi(app, state)  # type: ignore[method-assign]
-    app.add_middleware(
-        Edge,
+    screener = Screener(
         port=cfg.port,
         admin_port=cfg.admin_port,
         max_body_bytes=cfg.max_body_bytes,
@@ -54,6 +56,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         ),
         screen=lambda headers: routes.screen(state, headers),
     )
+    app.state.screener = screener  # the HTTP protocol's too (kvrank.server.protocol)
+    app.add_middleware(Edge, **dataclasses.asdict(screener))
     errors.install(app)
     app.include_router(routes.router)
     return app

@@ -83,7 +83,22 @@ def shed_headers(exc: Overloaded) -> dict[str, str]:
     return {"Retry-After": str(exc.retry_after_s), SHED_HEADER: exc.reason}
 
 
-def _caller_id(raw: bytes) -> str | None:
+def access_line(
+    request_id: str, status: int, started: float, record: AccessRecord | None, shed: bool
+) -> None:
+    """A scoring request's access line (``started``: its :func:`time.perf_counter`); a shed
+    request's is sampled (:data:`kvrank.server.logs.SHED_LINES`)."""
+    fields = {
+        "request_id": request_id,
+        "route": SCORE_ROUTE,
+        "status": status,
+        "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
+        **dataclasses.asdict(record or AccessRecord()),
+    }
+    (logs.shed_access if shed else logs.access)(fields)
+
+
+def caller_id(raw: bytes) -> str | None:
     """The caller's request id, kept so one id follows a request across services — if it
     is 1 to 128 visible ASCII characters; anything else is not written into our logs."""
     if 0 < len(raw) <= MAX_REQUEST_ID and all(0x21 <= c <= 0x7E for c in raw):
@@ -100,11 +115,12 @@ class BodyTooLarge(HTTPException):
 
 
 class Edge:
-    """The middleware. A scoring request is screened for admission here, before FastAPI
-    routes it: under a spike most requests are shed, and a shed answer built here skips
-    routing, dependencies and exception handlers — about a quarter of what one costs the
-    server otherwise, time its event loop would hold the interpreter lock that the model
-    thread needs between torch calls."""
+    """The middleware. A scoring request not screened yet (``kvrank serve``'s HTTP protocol
+    screens plain ones as their headers are parsed: :mod:`kvrank.server.protocol`) is
+    screened for admission here, before FastAPI routes it: under a spike most requests are
+    shed, and a shed answer built here skips routing, dependencies and exception handlers —
+    about a quarter of what one costs the server otherwise, time its event loop would hold
+    the interpreter lock that the model thread needs between torch calls."""
 
     def __init__(
         self,
@@ -129,11 +145,11 @@ class Edge:
             return
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        request_id = _caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
+        request_id = caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = 500
-        answered = False
+        answered = shed = False
         ours = ((b"x-request-id", request_id.encode("latin-1")), POD_HEADER)
 
         async def send_with_id(message: Message) -> None:
@@ -160,8 +176,9 @@ class Edge:
             await answer(404, "not found")
         elif length.isdigit() and int(length) > self.max_body_bytes:
             await answer(413, self._too_large(f"request body of {int(length)} bytes"), "body")
-        elif scoring and (refusal := self._screened(headers, state)):
-            route = SCORE_ROUTE
+        elif scoring and "deadline" not in state and (refusal := self._screened(headers, state)):
+            # (a deadline in the state: the protocol screened it already, see server.protocol)
+            route, shed = SCORE_ROUTE, refusal[0] == 503
             await answer(*refusal)
         else:
             try:
@@ -174,15 +191,7 @@ class Edge:
         route = getattr(scope.get("route"), "path", route)
         self.observe(route, status)
         if route == SCORE_ROUTE:
-            logs.access(
-                {
-                    "request_id": request_id,
-                    "route": route,
-                    "status": status,
-                    "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
-                    **dataclasses.asdict(state.get("access") or AccessRecord()),
-                }
-            )
+            access_line(request_id, status, started, state.get("access"), shed=shed)
 
     def _bounded(self, receive: Receive) -> Receive:
         """``receive``, refusing a streamed body once it grows past ``max_body_bytes``."""

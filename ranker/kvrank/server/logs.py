@@ -4,7 +4,9 @@ plain text, at the configured level — and the access log, one line per scoring
 An access line carries the request id, the route, the status, the latency, the cache outcome,
 the model version and a keyed hash of the user id: requests of one user can be followed
 (within the key's reach: every pod sharing ``log.user_key``, else one process) without the
-log ever holding the id itself. This module formats and emits; it decides nothing.
+log ever holding the id itself. The lines of shed requests are sampled (see
+:class:`Sampler`): under a spike they are most of the traffic, and a line each cost as much
+as the refusal itself. This module formats and emits; it decides nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import hashlib
 import logging
 import secrets
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -80,3 +84,43 @@ def access(fields: dict[str, Any]) -> None:
     if ACCESS.isEnabledFor(logging.INFO):
         summary = " ".join(f"{k}={v}" for k, v in fields.items())
         ACCESS.info(summary, extra=fields)
+
+
+class Sampler:
+    """Which lines of a kind to write: the first ``per_s`` in each second, then one in
+    ``every`` (zap's production sampling). A line written says how many were skipped before
+    it, so the log still accounts for every one; the exact counts are in the metrics."""
+
+    def __init__(
+        self, per_s: int = 10, every: int = 100, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_s, self.every, self.clock = per_s, every, clock
+        self._second = -1
+        self._in_second = 0
+        self._skipped = 0
+
+    def take(self) -> int | None:
+        """``None``: skip this line; else write it, with this many skipped since the last."""
+        second = int(self.clock())
+        if second != self._second:
+            self._second, self._in_second = second, 0
+        self._in_second += 1
+        if self._in_second > self.per_s and (self._in_second - self.per_s) % self.every:
+            self._skipped += 1
+            return None
+        skipped, self._skipped = self._skipped, 0
+        return skipped
+
+
+SHED_LINES = Sampler()
+"""The access lines of shed requests (a spike sheds thousands a second)."""
+
+
+def shed_access(fields: dict[str, Any], sampler: Sampler = SHED_LINES) -> None:
+    """The access line of a shed request, if the sampler lets it through: with
+    ``sheds_not_logged``, the shed requests whose lines were skipped since the last one."""
+    if not ACCESS.isEnabledFor(logging.INFO):
+        return
+    skipped = sampler.take()
+    if skipped is not None:
+        access({**fields, "sheds_not_logged": skipped})

@@ -1,13 +1,16 @@
 """What a log shipper gets from a real `kvrank serve` process: JSON lines only, one access
-line per scoring request (errors included) with what an on-call engineer needs — and never
-the user's id."""
+line per scoring request (errors included; shed ones sampled) with what an on-call engineer
+needs — and never the user's id."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
+
+from kvrank.server.logs import Sampler
 
 
 def lines(pod: Any) -> list[dict[str, Any]]:
@@ -67,3 +70,33 @@ def test_the_level_and_format_come_from_the_settings(spawn_server, request_for) 
     assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
     pod.stop()
     assert "kvrank.access" not in pod.log.read_text()  # access lines are INFO
+
+
+def test_shed_requests_access_lines_are_sampled_and_still_account_for_every_one(
+    spawn_server, request_for
+) -> None:
+    """Under a spike a line per shed request would cost as much as the refusal: the first
+    ones of each second are written, the others counted on the next line written."""
+    pod = spawn_server()
+    _, _, req = request_for(user_id="dave")
+    assert httpx.post(f"{pod.url}/v1/score", json=req, timeout=10).status_code == 200
+    shed = {"x-kvrank-timeout-ms": "1"}  # less than one miss takes: refused on its headers
+    with httpx.Client(base_url=pod.url, timeout=10) as client:
+        for _ in range(60):
+            assert client.post("/v1/score", json=req, headers=shed).status_code == 503
+        time.sleep(1.05)  # the next second: its first shed is written
+        assert client.post("/v1/score", json=req, headers=shed).status_code == 503
+    records = [r for r in access(pod) if r["status"] == 503]
+    assert len(records) < 61 // 2, len(records)
+    assert len(records) + sum(r["sheds_not_logged"] for r in records) == 61
+    assert records[-1]["sheds_not_logged"] > 0
+
+
+def test_the_sampler_writes_the_first_lines_of_each_second_then_one_in_every() -> None:
+    now = [100.0]
+    sampler = Sampler(per_s=3, every=5, clock=lambda: now[0])
+    taken = [sampler.take() for _ in range(14)]
+    # 3 written, then the 5th after them (the 8th), then the 13th; each says what it skipped
+    assert taken == [0, 0, 0, None, None, None, None, 4, None, None, None, None, 4, None]
+    now[0] = 101.2
+    assert [sampler.take() for _ in range(2)] == [1, 0]

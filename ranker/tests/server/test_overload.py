@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
+import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -21,6 +24,7 @@ import uvicorn
 from kvrank.admission import TIMEOUT_HEADER
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
+from kvrank.server.protocol import screening_protocol
 from kvrank.server.wiring import build_service
 from kvrank.tools.processes import free_port, samples
 
@@ -40,9 +44,13 @@ def wait_for(what: str, done: Callable[[], bool], timeout_s: float = 10.0) -> No
 
 
 @contextlib.contextmanager
-def serving(artifact: Any, before_encode: Callable[[], Any], **overrides: Any) -> Iterator[str]:
+def serving(
+    artifact: Any, before_encode: Callable[[], Any], at_parse: bool = True, **overrides: Any
+) -> Iterator[str]:
     """A ranker on a free port that calls ``before_encode`` on the model thread before each
-    user encode (a sleep: a slow model; a closed gate: a model thread held); its URL."""
+    user encode (a sleep: a slow model; a closed gate: a model thread held); its URL.
+    ``at_parse``: with the protocol ``kvrank serve`` runs (shedding as headers are parsed);
+    else uvicorn's own, the app's edge sheds."""
     cfg = load_config({"model_dir": str(artifact), **overrides})
     service = build_service(cfg)
     encode = service.model.encode_user
@@ -52,7 +60,9 @@ def serving(artifact: Any, before_encode: Callable[[], Any], **overrides: Any) -
         return encode(*args)
 
     port = free_port()
-    config = uvicorn.Config(create_app(cfg, service), port=port, log_level="warning")
+    app = create_app(cfg, service)
+    http = screening_protocol(app.state.screener) if at_parse else "httptools"
+    config = uvicorn.Config(app, port=port, log_level="warning", http=http)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -119,8 +129,11 @@ def bodies(request_for) -> Callable[[int, str], list[dict[str, Any]]]:
     return make
 
 
-def test_a_spike_is_shed_at_once_and_what_is_admitted_is_answered_in_time(artifact, bodies) -> None:
-    with serving(artifact, slow(ENCODE_S)) as url:
+@pytest.mark.parametrize("at_parse", [True, False], ids=["shed-at-parse", "shed-by-the-app"])
+def test_a_spike_is_shed_at_once_and_what_is_admitted_is_answered_in_time(
+    artifact, bodies, at_parse
+) -> None:
+    with serving(artifact, slow(ENCODE_S), at_parse=at_parse) as url:
         (warm,) = bodies(1, "warm")
         assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # measures a miss
 
@@ -231,3 +244,54 @@ def test_with_admission_off_every_request_is_queued_and_computed(artifact, bodie
         answers = asyncio.run(burst(url, bodies(12), timeout_ms=50))
         assert status_counts(answers) == {200: 12}
         assert encodes(url) == 12
+
+
+def _post(body: dict[str, Any], timeout_ms: int | None = None) -> bytes:
+    """A scoring request as it goes on the wire."""
+    payload = json.dumps(body).encode()
+    head = "POST /v1/score HTTP/1.1\r\nhost: ranker\r\ncontent-type: application/json\r\n"
+    if timeout_ms is not None:
+        head += f"{TIMEOUT_HEADER}: {timeout_ms}\r\n"
+    return f"{head}content-length: {len(payload)}\r\n\r\n".encode() + payload
+
+
+def test_a_connection_goes_on_after_a_request_shed_as_it_was_parsed(artifact, bodies) -> None:
+    """The shed request's body is discarded, not read as the next request; the connection
+    is kept for the caller's next one."""
+    warm, shed, after = bodies(3, "keep")
+    with serving(artifact, slow(0.0)) as url:
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        statuses, sockets = [], []
+        for body, timeout_ms in ((warm, 5000), (shed, 1), (after, 5000)):
+            headers = {"content-type": "application/json", TIMEOUT_HEADER: str(timeout_ms)}
+            conn.request("POST", "/v1/score", json.dumps(body), headers)
+            answer = conn.getresponse()
+            statuses.append((answer.status, answer.getheader("x-kvrank-shed")))
+            answer.read()
+            sockets.append(conn.sock)
+        conn.close()
+        # 1 ms is less than one miss takes: refused on its headers (the idle pod has measured one)
+        assert statuses == [(200, None), (503, "deadline"), (200, None)]
+        assert sockets[0] is sockets[1] is sockets[2]  # one connection throughout
+        assert metric(url, "kvrank_shed_requests_total") == 1
+
+
+def test_pipelined_requests_are_answered_in_order_when_a_later_one_is_shed(
+    artifact, bodies, gate
+) -> None:
+    """A request behind one still being answered on its connection is not answered first:
+    it takes the app's path, shed or served in its turn."""
+    first, second = bodies(2, "pipe")
+    with serving(artifact, gate.wait) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(_post(first, 5000) + _post(second, 1))  # one write: pipelined
+            wait_for("the first at the model thread", lambda: inflight(url) == 1)
+            gate.set()
+            received = b""
+            while received.count(b"HTTP/1.1 ") < 2 or not received.endswith(b"}"):
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+        answers = received.split(b"HTTP/1.1 ")[1:]
+        assert [a[:3] for a in answers] == [b"200", b"503"], received[:400]
