@@ -87,15 +87,22 @@ def access_line(
     request_id: str, status: int, started: float, record: AccessRecord | None, shed: bool
 ) -> None:
     """A scoring request's access line (``started``: its :func:`time.perf_counter`); a shed
-    request's is sampled (:data:`kvrank.server.logs.SHED_LINES`)."""
+    request's is sampled (:func:`kvrank.server.logs.shed_line_due`)."""
+    extra = {}
+    if shed:
+        skipped = logs.shed_line_due()
+        if skipped is None:
+            return
+        extra["sheds_not_logged"] = skipped
     fields = {
         "request_id": request_id,
         "route": SCORE_ROUTE,
         "status": status,
         "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
         **dataclasses.asdict(record or AccessRecord()),
+        **extra,
     }
-    (logs.shed_access if shed else logs.access)(fields)
+    logs.access(fields)
 
 
 def caller_id(raw: bytes) -> str | None:

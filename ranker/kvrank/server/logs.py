@@ -116,11 +116,10 @@ SHED_LINES = Sampler()
 """The access lines of shed requests (a spike sheds thousands a second)."""
 
 
-def shed_access(fields: dict[str, Any], sampler: Sampler = SHED_LINES) -> None:
-    """The access line of a shed request, if the sampler lets it through: with
-    ``sheds_not_logged``, the shed requests whose lines were skipped since the last one."""
+def shed_line_due(sampler: Sampler = SHED_LINES) -> int | None:
+    """Whether to write a shed request's access line: ``None`` if not (INFO off, or the
+    sampler skips it), else the shed requests whose lines were skipped since the last one
+    (its ``sheds_not_logged``). Asked before the line is built: most are not written."""
     if not ACCESS.isEnabledFor(logging.INFO):
-        return
-    skipped = sampler.take()
-    if skipped is not None:
-        access({**fields, "sheds_not_logged": skipped})
+        return None
+    return sampler.take()
