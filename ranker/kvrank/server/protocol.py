@@ -8,8 +8,9 @@ line), time the model thread waits for the interpreter lock. At 10x a ranker's m
 capacity that left 0.56-0.57x of it answered in time, and shed answers took 18 ms at p99.
 Here the protocol screens a scoring request as soon as its headers are in (the check the
 edge makes: :meth:`kvrank.admission.Admission.screen`) and, when it is refused, writes the
-whole answer at once and discards its body as it arrives: ~0.07 ms, and 0.73-0.76x answered
-in time at 10x (docs/benchmarks.md).
+whole answer at once and discards its body as it arrives; with shed access lines sampled
+(:func:`kvrank.server.logs.shed_line_due`) a refusal costs ~0.1 ms, and at 10x 0.64-0.68x
+of the capacity was answered in time, shed p99 5-7 ms (docs/benchmarks.md).
 
 Only a plain case takes this path: ``POST /v1/score`` on the scoring port, a keep-alive
 connection with no earlier request still being answered on it (answers go out in order),
