@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -99,7 +99,36 @@ test-lane-cluster test-lane-rest: test-lane-%:
 	@$(PHASE) pytest-$* env KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" \
 	  KVRANK_CPU_LANE_LOCK=$(LANE_BASETEMP)/cpu-lane.lock \
 	  KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \
-	  $(PY) -m pytest -q --lane $* --basetemp $(LANE_BASETEMP)/$* --durations=15 --durations-min=20
+	  $(PY) -m pytest -q --lane $* --basetemp $(LANE_BASETEMP)/$* --durations=15 --durations-min=20 $(LANE_ARGS_$*)
+
+# The modules whose tests involve timing: concurrent actors, spikes, deadlines, proxies,
+# leases (CONTRIBUTING.md says what each asserts and why that holds at any speed).
+# `make test-stress` runs them in the usual two lanes with STRESS_BUSY more cores kept busy,
+# STRESS_RUNS times in a row, and stops at the first red run.
+STRESS_REST := ranker/tests/test_loadtest.py ranker/tests/server/test_overload.py \
+  ranker/tests/server/test_api.py ranker/tests/server/test_probes.py \
+  ranker/tests/server/test_shared_cache.py ranker/tests/server/test_prefetch.py \
+  ranker/tests/server/test_shadow.py ranker/tests/cache/test_tiered.py \
+  operator/tests/test_router.py operator/tests/test_queue_proxy.py
+STRESS_CLUSTER := e2e/test_routing.py operator/tests/test_leader_election.py
+STRESS_BUSY ?= 1
+STRESS_RUNS ?= 5
+
+test-stress: venv services kube-bins ## The timing-sensitive modules, STRESS_RUNS (5) times in a row, beside STRESS_BUSY (1) busy cores
+	@$(MAKE) --no-print-directory test-images
+	@bash scripts/stress.sh "$(STRESS_BUSY)" "$(STRESS_RUNS)" $(MAKE) --no-print-directory -j2 \
+	  --output-sync=target test-lane-cluster test-lane-rest \
+	  LANE_ARGS_cluster="$(STRESS_CLUSTER)" LANE_ARGS_rest="$(STRESS_REST)"
+
+# The inner loop: lint, then every test that needs no cluster, no Docker and is not marked
+# slow (a few seconds or more each); `make test` runs everything.
+check: venv services ## Lint and the fast tests (no cluster, no Docker, not slow), in minutes
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint && \
+	$(PY) -m pytest -q --lane rest -m "not slow" --basetemp $(LANE_BASETEMP)/check \
+	  --durations=10 --durations-min=5 $(CHECK_ARGS); rc=$$?; \
+	echo "make check: $$( ((rc == 0)) && echo passed || echo FAILED) in $$(( $$(date +%s) - start ))s"; \
+	exit $$rc
 
 e2e: venv services kube-bins ## The end-to-end scenarios on the local cluster's real node (part of make test)
 	KVRANK_KUBE_BIN="$$(bash e2e/localkube/build.sh)" KVRANK_NODE_BIN="$$(bash e2e/localkube/build-node.sh)" \

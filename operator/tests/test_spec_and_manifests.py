@@ -655,3 +655,24 @@ def test_a_canary_brings_its_own_image_and_promotion_makes_it_the_stables() -> N
     assert "image" not in promotion(plain.canary)["spec"]["model"]  # type: ignore[arg-type]
     canary = m.deployment(plain, "feed", "prod", "v2", "/m", 1, "canary")
     assert canary["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ranker-team:1"
+
+
+def test_the_proxies_close_idle_connections_to_a_ranker_before_the_ranker_does() -> None:
+    """A request a proxy sends on a connection the ranker is closing meets a reset: the router
+    retries it on another pod (the user leaves its cached entry), the queue proxy answers 503.
+    Both proxies' clusters close idle connections first."""
+    from kvrank.server.config import ServerConfig
+    from kvrank_operator.manifests.envoy import UPSTREAM_IDLE_TIMEOUT_S
+    from kvrank_operator.manifests.queue_proxy import envoy_bootstrap
+    from kvrank_operator.manifests.router import envoy_files, router_config
+
+    assert ServerConfig().keep_alive_s > UPSTREAM_IDLE_TIMEOUT_S
+    spec = parse_spec({"model": {"version": "v1", "uri": "/m/v1"}, "routing": {"mode": "bundled"}})
+    cds = yaml.safe_load(envoy_files(router_config(spec, "feed", "prod"))["cds.yaml"])
+    queue = envoy_bootstrap(8080, 8081, 16, 9901)["static_resources"]["clusters"]
+    to_rankers = [c for c in [*cds["resources"], *queue] if c["name"] != "admin"]
+    assert len(to_rankers) == 3  # the router's version, the queue proxy's two
+    for cluster in to_rankers:
+        (options,) = cluster["typed_extension_protocol_options"].values()
+        idle = options["common_http_protocol_options"]["idle_timeout"]
+        assert idle == f"{UPSTREAM_IDLE_TIMEOUT_S}s", cluster["name"]

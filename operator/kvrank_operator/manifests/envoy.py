@@ -16,6 +16,11 @@ ADMIN_PORT = 9901
 """An Envoy's admin interface, on loopback only (it can drain and stop the proxy)."""
 STATS_PORT = 9902
 """What of it other pods may see (:func:`stats_listener`): ``/ready``, ``/stats/prometheus``."""
+UPSTREAM_IDLE_TIMEOUT_S = 30
+"""An Envoy closes a connection to a ranker idle this long, well before the ranker would (its
+``keep_alive_s``, 75 s). Whichever side closes an idle connection first must be the proxy: a
+request sent on a connection the ranker is closing meets a reset, which the router retries on
+another pod (a user moved away from its cached entry) and the queue proxy answers 503."""
 
 
 def socket(address: str, port: int) -> dict[str, Any]:
@@ -44,12 +49,25 @@ def listener(
     }  # fmt: skip
 
 
+def upstream_http_options() -> dict[str, Any]:
+    """HTTP/1.1 to the rankers, idle connections closed after :data:`UPSTREAM_IDLE_TIMEOUT_S`
+    (a cluster's ``typed_extension_protocol_options``)."""
+    return {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "common_http_protocol_options": {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S}s"},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }
+    }
+
+
 def static_cluster(name: str, port: int, connect_timeout: str, **extra: Any) -> dict[str, Any]:
     """A cluster of one host on loopback."""
     return {
         "name": name,
         "type": "STATIC",
         "connect_timeout": connect_timeout,
+        "typed_extension_protocol_options": upstream_http_options(),
         **extra,
         "load_assignment": {
             "cluster_name": name,

@@ -29,7 +29,10 @@ ConfigMap in, so a weight change needs no restart. A second listener serves only
 ``/routable`` (readiness): 200 once the stable version's cluster has a healthy host, so a
 router pod joins the Service only when it can route (DNS may know a version's pods some
 seconds after they are Ready).
-No access log: the routing header is a user id.
+No access log: the routing header is a user id. Every answer says how many tries it took
+(``x-envoy-attempt-count``). Envoy closes an idle connection to a ranker before the ranker
+would (:data:`~kvrank_operator.manifests.envoy.UPSTREAM_IDLE_TIMEOUT_S`), so a request never
+meets a connection the ranker is closing: that reset would be retried on another pod.
 
 :func:`router_objects` builds what a ``RankerDeployment`` with ``routing.mode: bundled``
 owns for it: the ConfigMap with those files, the router Deployment (Pod Security
@@ -307,6 +310,9 @@ def _scoring(cfg: RouterConfig) -> dict[str, Any]:
                     "name": "rankers",
                     "domains": ["*"],
                     "routes": [{"match": {"prefix": "/"}, "route": route}],
+                    # x-envoy-attempt-count on every answer: a caller can tell an answer
+                    # retried on another pod (away from the user's entry) from a first try
+                    "include_attempt_count_in_response": True,
                 }
             ],
         },
@@ -343,6 +349,7 @@ def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
             },
         },
         "connect_timeout": "0.5s",
+        "typed_extension_protocol_options": envoy.upstream_http_options(),
         "lb_policy": "MAGLEV",  # its default table: 65,537 entries
         # a pod is ejected for failing to answer (connect failures, resets, timeouts), never
         # for an answer: one that sheds under a spike keeps its users, who would otherwise

@@ -154,6 +154,17 @@ class ServerConfig(BaseSettings):
         le=600,
         description="Then finish in-flight requests within this (drain + grace < the pod's 30 s).",
     )
+    keep_alive_s: float = Field(
+        75.0,
+        ge=1,
+        le=3600,
+        description=(
+            "An idle connection is closed after this long. Longer than the idle timeout of the"
+            " proxies in front (the bundled router's and the queue proxy's 30 s): a proxy that"
+            " reuses a connection the ranker is closing sees a reset and retries on another pod,"
+            " which moves a user away from its cached entry."
+        ),
+    )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     admin_port: int | None = Field(

@@ -77,6 +77,7 @@ def serve(cfg: ServerConfig) -> None:
         loop="uvloop",
         http=screening_protocol(app.state.screener),
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
+        timeout_keep_alive=int(cfg.keep_alive_s),
     )
     ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
     sockets = [listening_socket(cfg.host, p) for p in ports]

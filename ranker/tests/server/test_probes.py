@@ -59,7 +59,10 @@ def test_a_probe_is_answered_while_python_work_saturates_the_process() -> None:
                 t0 = time.perf_counter()
                 assert client.get(f"http://127.0.0.1:{probes.port}/readyz").status_code == 200
                 took.append(time.perf_counter() - t0)
-        assert max(took) < 0.5, took
+        # the kubelet's probe timeout (1 s: the operator's probes keep the default) is what
+        # a late answer fails; the probe thread waits for the interpreter a switch interval
+        # (5 ms) at a time, so even a busy machine leaves it far inside that
+        assert max(took) < 1.0, took
     finally:
         stop.set()
         probes.stop()
