@@ -239,7 +239,8 @@ class RedisStore:
     async def delete_user(self, namespace: str, model_version: str, user_id: str) -> int:
         keys: list[str] = []
         try:  # SCAN is not one operation: no per-operation timeout, no breaker
-            pattern = entry_prefix(namespace, model_version, user_id) + "*"
+            # the prefix matched literally: a glob character in it would widen the match
+            pattern = _glob_escape(entry_prefix(namespace, model_version, user_id)) + "*"
             async for key in self.client.scan_iter(match=pattern, count=500):
                 keys.append(key.decode() if isinstance(key, bytes) else str(key))
         except (OSError, RedisError, RedisClusterException):
@@ -356,3 +357,8 @@ async def _masters(settings: RedisSettings) -> list[Any]:
         make_client(RedisSettings(**{**base.__dict__, "url": f"{scheme}://{n.host}:{n.port}"}))
         for n in nodes
     ]
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a ``SCAN MATCH`` pattern that matches only itself."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,6 +26,8 @@ from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
 from kvrank.server.schemas import (
+    USER_ID_MAX,
+    USER_ID_PATTERN,
     InvalidateResponse,
     PrefetchResponse,
     ScoreResponse,
@@ -168,8 +171,14 @@ async def metrics(state: State) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+UserIdPath = Annotated[
+    str, PathParam(min_length=1, max_length=USER_ID_MAX, pattern=USER_ID_PATTERN)
+]
+"""A user id in a path: the scoring body's rule (a ``*`` would be a pattern, not a user)."""
+
+
 @router.post("/admin/invalidate/{user_id}", response_model=InvalidateResponse)
-async def invalidate(user_id: str, state: State) -> InvalidateResponse:
+async def invalidate(user_id: UserIdPath, state: State) -> InvalidateResponse:
     removed = await state.started.invalidate_user(user_id)
     return InvalidateResponse(user_id=user_id, removed=removed)
 

@@ -20,6 +20,10 @@ from kvrank.model.features import candidates_from_lists, user_from_lists
 
 Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+USER_ID_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+"""What a user id may be made of, wherever one arrives (a scoring body, an admin path): never
+a glob character, a key separator or a space."""
+USER_ID_MAX = 128
 USER_IDS_MAX = 64
 """A user id column's list may be this long before its width is even checked."""
 USER_DENSE_MAX = 256
@@ -59,7 +63,7 @@ def _user_side(spec: FeatureSpec) -> dict[str, Any]:
         },
     )
     fields: dict[str, Any] = {
-        "user_id": (str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")),
+        "user_id": (str, Field(min_length=1, max_length=USER_ID_MAX, pattern=USER_ID_PATTERN)),
         "events": (events, ...),
     }
     return fields | {c.name: _user_field(c) for c in spec.user}

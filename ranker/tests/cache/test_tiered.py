@@ -258,6 +258,19 @@ async def test_invalidate_user_clears_both_tiers(make_cache, model, factory, tin
     assert await make_cache().get(cache.key("alice", "h2")) is None
 
 
+@pytest.mark.parametrize("glob", ["*", "al*", "?lice", "[ab]lice", "alice\\"])
+async def test_invalidating_a_user_id_made_of_glob_characters_removes_no_other_user(
+    make_cache, model, factory, tiny_cfg, glob
+):
+    cache = make_cache()
+    user = factory.user(tiny_cfg, 5, 1)
+    for name in ("alice", "blice"):
+        await cache.put(cache.key(name, "h1"), model.encode_user(user), 5)
+    assert await cache.invalidate_user(glob) == 0
+    for name in ("alice", "blice"):  # still in Redis: another pod finds them
+        assert await make_cache().get(cache.key(name, "h1")) is not None, name
+
+
 async def test_the_creator_is_handed_the_cached_prefix_and_reports_its_own_time(
     make_cache, model, factory, tiny_cfg
 ):

@@ -211,6 +211,9 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
     assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
     assert "kvrank_request_interval_seconds_bucket" in text
     assert "kvrank_cache_hit_ratio" in text and "kvrank_cache_ttl_seconds" in text
+    for glob in ("%2A", "al%3F", "%5Ba%5Dlice", "al%20ice"):  # *, ?, [, a space: never a user
+        refused = client.post(f"/admin/invalidate/{glob}")
+        assert refused.status_code == 422 and refused.json()["field"] == "path.user_id", glob
     removed = client.post("/admin/invalidate/alice").json()
     assert removed == {"user_id": "alice", "removed": 1}
     assert client.post("/v1/score", json=req).json()["cache"] == "miss"
