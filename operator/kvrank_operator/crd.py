@@ -17,6 +17,9 @@ from kvrank_operator.spec import (
     CHECKS,
     ROUTING_MODES,
     SHADOW_CHECKS,
+    URL_PASSWORD_MESSAGE,
+    URL_WITH_PASSWORD,
+    VERSIONS_COLLIDE,
     AnalysisSpec,
     CacheSpec,
     CanarySpec,
@@ -476,6 +479,11 @@ REDIS = _obj(
                 ".url",
             ),
             _rule(
+                f"!has(self.url) || !self.url.matches('{URL_WITH_PASSWORD}')",
+                URL_PASSWORD_MESSAGE,
+                ".url",
+            ),
+            _rule(
                 "!has(self.tlsSecretName) || (self.mode == 'managed' && self.tls)",
                 "is only for a managed Redis with tls: true",
                 ".tlsSecretName",
@@ -758,7 +766,14 @@ SPEC = _obj(
                 "!has(self.canary) || self.canary.version != self.model.version",
                 "must differ from model.version: a canary runs another model version",
                 ".canary.version",
-            )
+            ),
+            _rule(
+                "!has(self.canary) || self.canary.version == self.model.version"
+                " || self.canary.version.replace('.', '-')"
+                " != self.model.version.replace('.', '-')",
+                VERSIONS_COLLIDE,
+                ".canary.version",
+            ),
         ]
     },
 )

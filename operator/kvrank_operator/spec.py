@@ -21,6 +21,13 @@ from kvrank_operator.errors import SpecError
 DEFAULT_IMAGE = f"ghcr.io/kvrank/ranker:{__version__}"
 ROUTER_IMAGE = f"ghcr.io/kvrank/router:{__version__}"
 REDIS_IMAGE = "redis:7.2"
+URL_WITH_PASSWORD = r"^rediss?://[^/@]*:[^/@]*@"
+"""A Redis URL whose user part carries a password (``redis://:secret@host``)."""
+URL_PASSWORD_MESSAGE = (
+    "must not carry a password (it would be shown in the rankers' ConfigMap, their"
+    " /admin/config and the purge Job's arguments): put it in a Secret and name it in"
+    " cache.redis.passwordSecretRef"
+)
 
 
 @dataclass(frozen=True)
@@ -395,8 +402,17 @@ def parse_quantity(quantity: str | int) -> int:
 
 
 def namespace_for(version: str) -> str:
-    """The cache namespace of a model version (one per version, never shared)."""
+    """The cache namespace of a model version (one per version, never shared): a DNS label,
+    its dots made dashes, as in the version's Deployment name. Two versions that differ only
+    there (``1.0``, ``1-0``) would share both, so a spec naming such a pair is refused."""
     return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
+
+
+VERSIONS_COLLIDE = (
+    "differs from model.version only in '.' against '-': the two would share one Deployment"
+    " name and one cache namespace (aborting the canary would purge the stable's cache);"
+    " name the canary's version differently"
+)
 
 
 def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> RankerSpec:
@@ -444,6 +460,8 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
                 f"equals model.version ({model.version!r});"
                 " a canary must run a different model version",
             )
+        if namespace_for(canary.version) == namespace_for(model.version):
+            raise SpecError("canary.version", VERSIONS_COLLIDE)
     cache = _cache(spec.get("cache") or {}, images.redis)
     ttl = _ttl(spec.get("ttl") or {})
     svc = spec.get("service") or {}
@@ -655,6 +673,8 @@ def _cache(c: dict[str, Any], image: str) -> CacheSpec:
         raise SpecError("cache.redis.url", "must be empty when cache.redis.mode is managed")
     if redis.tls and redis.url and not redis.url.startswith("rediss://"):
         raise SpecError("cache.redis.url", "must use rediss:// when cache.redis.tls is true")
+    if redis.url and re.match(URL_WITH_PASSWORD, redis.url):
+        raise SpecError("cache.redis.url", URL_PASSWORD_MESSAGE)
     if redis.tls_secret and not (mode == "managed" and redis.tls):
         raise SpecError("cache.redis.tlsSecretName", "is only for a managed Redis with tls: true")
     return CacheSpec(

@@ -271,6 +271,23 @@ INVALID = [
         with_({"canary": {**CANARY, "shadow": {"sample": 1.5}}}),
         "spec.canary.shadow.sample",
     ),
+    (
+        "a canary version that names the stable's Deployment and cache namespace",
+        with_(
+            {"model": {**VALID["model"], "version": "1.0"}, "canary": {**CANARY, "version": "1-0"}}
+        ),
+        "spec.canary.version",
+    ),
+    (
+        "a Redis password in the URL instead of a Secret",
+        with_({"cache": {"redis": {"mode": "external", "url": "redis://:hunter2@r:6379"}}}),
+        "spec.cache.redis.url",
+    ),
+    (
+        "a Redis user and password in the URL",
+        with_({"cache": {"redis": {"mode": "external", "url": "rediss://ranker:pw@r:6380/0"}}}),
+        "spec.cache.redis.url",
+    ),
 ]
 
 
@@ -305,6 +322,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
             }
         ),
         with_({"cache": {"redis": {"mode": "external", "url": "rediss://r:6380", "tls": True}}}),
+        with_({"cache": {"redis": {"mode": "external", "url": "redis://ranker@r:6379/0"}}}),
         {"model": {**VALID["model"], "pod": POD_KNOBS}},
         with_({"cache": {"redis": {"tls": True}}}),
         with_({"cache": {"redis": {"tls": True, "tlsSecretName": "from-cert-manager"}}}),
@@ -329,6 +347,7 @@ def test_an_invalid_spec_is_refused_naming_its_field(admit, case, spec, field) -
         "fixed TTL",
         "Prometheus behind auth",
         "TLS",
+        "a Redis user without a password in the URL",
         "every pod knob",
         "managed TLS",
         "managed TLS with a Secret of one's own",

@@ -676,3 +676,33 @@ def test_the_proxies_close_idle_connections_to_a_ranker_before_the_ranker_does()
         (options,) = cluster["typed_extension_protocol_options"].values()
         idle = options["common_http_protocol_options"]["idle_timeout"]
         assert idle == f"{UPSTREAM_IDLE_TIMEOUT_S}s", cluster["name"]
+
+
+@pytest.mark.parametrize("url", ["redis://:hunter2@r:6379", "rediss://ranker:pw@r:6380/0"])
+def test_a_redis_password_in_the_url_is_refused_pointing_at_the_secret_field(url: str) -> None:
+    doc = {"model": {"version": "v1", "uri": "/m/v1"}, "cache": {"redis": {"url": url}}}
+    doc["cache"]["redis"]["mode"] = "external"
+    with pytest.raises(SpecError, match=r"cache\.redis\.url.*passwordSecretRef"):
+        parse_spec(doc)
+    doc["cache"]["redis"]["url"] = "redis://ranker@r:6379"  # a user alone shows no secret
+    assert parse_spec(doc).cache.redis.url == "redis://ranker@r:6379"
+
+
+@pytest.mark.parametrize(
+    ("stable", "canary"), [("1.0", "1-0"), ("v2-1", "v2.1"), ("a.b.c", "a-b.c")]
+)
+def test_versions_that_would_share_a_deployment_and_a_namespace_are_refused(
+    stable: str, canary: str
+) -> None:
+    from kvrank_operator.manifests.common import deployment_name
+
+    assert deployment_name("feed", stable) == deployment_name("feed", canary)  # the collision
+    doc = {
+        "model": {"version": stable, "uri": "/m/a"},
+        "canary": {"version": canary, "uri": "/m/b"},
+    }
+    with pytest.raises(SpecError, match=r"canary\.version.*cache namespace"):
+        parse_spec(doc)
+    doc["canary"]["version"] = canary + "x"
+    spec = parse_spec(doc)
+    assert namespace_for(spec.model.version) != namespace_for(doc["canary"]["version"])
