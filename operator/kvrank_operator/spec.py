@@ -415,6 +415,19 @@ VERSIONS_COLLIDE = (
 )
 
 
+def _canary_beside(raw: dict[str, Any], stable: str) -> CanarySpec:
+    """The canary, whose version must name other objects and another cache than ``stable``."""
+    canary = _canary(raw)
+    if canary.version == stable:
+        raise SpecError(
+            "canary.version",
+            f"equals model.version ({stable!r}); a canary must run a different model version",
+        )
+    if namespace_for(canary.version) == namespace_for(stable):
+        raise SpecError("canary.version", VERSIONS_COLLIDE)
+    return canary
+
+
 def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> RankerSpec:
     """The typed spec; an image the spec does not name is the operator's default."""
     images = defaults or Defaults()
@@ -451,17 +464,7 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
             f"must be a path under {MODELS_MOUNT}/ when model.volume"
             " is set (the volume is mounted there)",
         )
-    canary = None
-    if spec.get("canary"):
-        canary = _canary(spec["canary"])
-        if canary.version == model.version:
-            raise SpecError(
-                "canary.version",
-                f"equals model.version ({model.version!r});"
-                " a canary must run a different model version",
-            )
-        if namespace_for(canary.version) == namespace_for(model.version):
-            raise SpecError("canary.version", VERSIONS_COLLIDE)
+    canary = _canary_beside(spec["canary"], model.version) if spec.get("canary") else None
     cache = _cache(spec.get("cache") or {}, images.redis)
     ttl = _ttl(spec.get("ttl") or {})
     svc = spec.get("service") or {}

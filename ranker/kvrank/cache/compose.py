@@ -8,11 +8,14 @@ concrete store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvrank.cache.host import HostStore
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.redis_store import RedisStore
 from kvrank.cache.tiered import CacheSettings, Outcome, Tier, TieredCache
 from kvrank.cache.ttl import AdaptiveTTL
+from kvrank.model.kv import UserKV
 
 
 def l1_and_redis(
@@ -21,11 +24,14 @@ def l1_and_redis(
     l2: RedisStore | None,
     ttl: AdaptiveTTL | None = None,
     host: HostStore | None = None,
+    check: Callable[[UserKV], None] | None = None,
 ) -> TieredCache:
+    """``check``: the model's check of a state it is handed, run on every entry read from
+    Redis before a tier admits it (see :attr:`TieredCache.check`)."""
     tiers = [Tier(Outcome.L1, l1)]
     if host is not None:  # what L1 evicts for room goes there instead of away
         l1.demote = host.admit
         tiers.append(Tier(Outcome.HOST, host, demoted=True))
     if l2 is not None:
         tiers.append(Tier(Outcome.L2, l2, shared=True))
-    return TieredCache(settings, tiers, l2, ttl or AdaptiveTTL())
+    return TieredCache(settings, tiers, l2, ttl or AdaptiveTTL(), check=check)

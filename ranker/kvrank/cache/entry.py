@@ -23,6 +23,8 @@ MAGIC = b"KVRC"
 ENTRY_FORMAT = 3
 """3: XXH3-64 (2: CRC-32, 1: BLAKE2b: an entry of an older format is a miss, written anew)."""
 PAYLOAD_ALIGN = 16
+MAX_HEADER_BYTES = 4096
+"""Ours is ~200 bytes; a longer one is not ours, and is not parsed."""
 
 
 def _checksum(payload: bytes | memoryview) -> int:
@@ -51,12 +53,14 @@ def decode_entry(data: bytes, model_version: str, fingerprint: str, device: str 
     if len(data) < 8 or data[:4] != MAGIC:
         raise CorruptEntryError("bad magic or truncated header")
     size = int.from_bytes(data[4:8], "little")
-    if size > len(data) - 8:
-        raise CorruptEntryError("header length exceeds entry")
+    if size > min(len(data) - 8, MAX_HEADER_BYTES):
+        raise CorruptEntryError(f"header length {size} exceeds the entry or {MAX_HEADER_BYTES}")
     try:
         header = json.loads(data[8 : 8 + size])
-    except ValueError as exc:
-        raise CorruptEntryError(f"unreadable header: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise CorruptEntryError(f"unreadable header: {exc!r}") from exc
+    if not isinstance(header, dict):
+        raise CorruptEntryError(f"header is a JSON {type(header).__name__}, not an object")
     payload = memoryview(data)[8 + size :]
     if header.get("format") != ENTRY_FORMAT:
         raise CorruptEntryError(f"entry format {header.get('format')!r} != {ENTRY_FORMAT}")

@@ -150,6 +150,9 @@ class TieredCache:
     """Guards creation across pods (``None``: nobody to share with, create at once)."""
     ttl: AdaptiveTTL = field(default_factory=AdaptiveTTL)
     stats: CacheStats = field(default_factory=CacheStats)
+    check: Callable[[UserKV], None] | None = None
+    """The loaded model's own check of a state it is handed (its layers' shapes, the length):
+    an entry from a shared tier that it refuses is corrupt, before any tier admits it."""
 
     def __post_init__(self) -> None:
         self._local = [t for t in self.tiers if not t.shared]
@@ -374,11 +377,19 @@ class TieredCache:
         s = self.settings
         try:
             kv = decode_entry(data, s.model_version, s.fingerprint, s.device)
-        except CorruptEntryError:
+            if self.check is not None:
+                self.check(kv)
+        except Exception as exc:  # bytes from a shared store: any failure is a corrupt entry
             self.stats.corrupt += 1
+            log.warning("corrupt entry %s dropped: %s", key.to_string(), _reason(exc))
             await tier.store.delete(key)
             return None, _ms(started)
         return kv, _ms(started)
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) if isinstance(exc, CorruptEntryError) else f"{type(exc).__name__}: {exc}"
+    return text[:200]
 
 
 def _ms(start: float) -> float:

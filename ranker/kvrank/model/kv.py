@@ -20,6 +20,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from safetensors.torch import save as st_save
@@ -47,6 +48,8 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64,
 }
 """The safetensors dtypes a ``UserKV`` is read with (K/V, INT8 scales, a model's extras)."""
+MAX_TENSORS_HEADER_BYTES = 1 << 20
+"""The safetensors header of an entry (names, dtypes, shapes, offsets, our JSON): kilobytes."""
 
 
 @dataclass(frozen=True)
@@ -198,9 +201,9 @@ class UserKV:
         alive); any inconsistency raises ``CorruptEntryError``."""
         try:
             tensors, metadata = _view_safetensors(memoryview(data))
-            header = json.loads(metadata["kvrank"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptEntryError(f"unreadable K/V payload: {exc}") from exc
+            header = _bounded_json(metadata["kvrank"])
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise CorruptEntryError(f"unreadable K/V payload: {exc!r}") from exc
         try:
             if header["format"] not in READABLE_FORMATS:
                 raise CorruptEntryError(f"format {header['format']!r} != {FORMAT_VERSION}")
@@ -231,9 +234,9 @@ class UserKV:
                 extras=extras,
                 meta={str(k): str(v) for k, v in header.get("meta", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, CorruptEntryError):
-                raise
+        except CorruptEntryError:
+            raise
+        except Exception as exc:  # bytes from a cache: whatever they break is a corrupt entry
             raise CorruptEntryError(f"inconsistent K/V payload: {exc!r}") from exc
 
 
@@ -243,10 +246,10 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
     if len(buf) < 8:
         raise ValueError("payload shorter than its length prefix")
     size = int.from_bytes(buf[:8], "little")
-    if size > len(buf) - 8:
-        raise ValueError("header length exceeds payload")
-    header = json.loads(bytes(buf[8 : 8 + size]))
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+    if size > min(len(buf) - 8, MAX_TENSORS_HEADER_BYTES):
+        raise ValueError(f"header length {size} exceeds the payload or the bound")
+    header = _bounded_json(bytes(buf[8 : 8 + size]))
+    if not isinstance(header.get("__metadata__"), dict):
         raise ValueError("no metadata")
     base, data_len = 8 + size, len(buf) - 8 - size
     tensors = {}
@@ -255,6 +258,8 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
             continue
         dtype = SAFETENSORS_DTYPES[info["dtype"]]
         shape = [int(d) for d in info["shape"]]
+        if any(d < 0 for d in shape):
+            raise ValueError(f"tensor {name}: negative dimension in {shape}")
         start, end = (int(o) for o in info["data_offsets"])
         count = math.prod(shape)
         if not 0 <= start <= end <= data_len or end - start != count * dtype.itemsize:
@@ -267,6 +272,15 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
             flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start)
         tensors[name] = flat.view(shape)
     return tensors, header["__metadata__"]
+
+
+def _bounded_json(raw: bytes | str) -> dict[str, Any]:
+    """A JSON object; deep nesting ends in ``RecursionError`` in the parser, which callers
+    treat as any other unreadable entry (the header's size is bounded before)."""
+    doc = json.loads(raw)
+    if not isinstance(doc, dict):
+        raise ValueError(f"JSON {type(doc).__name__} where an object belongs")
+    return doc
 
 
 def _check_layer(lk: LayerKV, kv_dtype: str, i: int) -> None:

@@ -244,11 +244,13 @@ class RankerModel(nn.Module):
             if layer not in user_kv.layers:
                 raise IncompatibleKVError(f"UserKV lacks layer {layer} that scoring needs")
         for layer, lk in user_kv.layers.items():
-            rows = cfg.entering(layer) + cfg.ns_tokens
-            if tuple(lk.k.shape) != (rows, cfg.n_heads, cfg.head_dim):
+            expected = (cfg.entering(layer) + cfg.ns_tokens, cfg.n_heads, cfg.head_dim)
+            # V too: the fused attention reads V by K's shape, so a V of another head count
+            # would be read past its end (wrong scores, NaN), not refused
+            if tuple(lk.k.shape) != expected or tuple(lk.v.shape) != expected:
                 raise IncompatibleKVError(
-                    f"UserKV layer {layer} has shape {tuple(lk.k.shape)};"
-                    f" expected {(rows, cfg.n_heads, cfg.head_dim)}"
+                    f"UserKV layer {layer} has K {tuple(lk.k.shape)}, V {tuple(lk.v.shape)};"
+                    f" expected {expected}"
                 )
         if not 1 <= user_kv.length <= cfg.max_events:
             raise IncompatibleKVError(

@@ -58,7 +58,9 @@ def build_service(cfg: ServerConfig) -> RankingService:
     )
     l1, l2 = L1Store(cfg.l1_bytes), _l2(cfg)
     host = HostStore(cfg.host_bytes, str(device)) if cfg.host_bytes else None
-    cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl), host)
+    # a model that can check a state it is handed (capability detected) vets Redis's entries
+    check = getattr(model, "check_kv", None)
+    cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl), host, check)
     metrics = Metrics(model.version, cfg.namespace, device=str(device))
     metrics.registry.register(CacheCollector(cache, l1, l2, host))
     return RankingService(model, cache, cfg, metrics)  # the config is the service's settings
