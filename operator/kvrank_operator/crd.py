@@ -15,6 +15,7 @@ from kvrank_operator.crd_descriptions import described
 from kvrank_operator.spec import (
     ADMISSION_MODES,
     CHECKS,
+    HOST_PATH_REFUSED,
     ROUTING_MODES,
     SHADOW_CHECKS,
     URL_PASSWORD_MESSAGE,
@@ -213,6 +214,7 @@ MODEL = _obj(
                 "must be a path under /models/ when model.volume is set (it is mounted there)",
                 ".uri",
             ),
+            _rule("!has(self.volume) || !has(self.volume.hostPath)", HOST_PATH_REFUSED, ".volume"),
         ]
     },
 )

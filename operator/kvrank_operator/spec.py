@@ -21,6 +21,10 @@ from kvrank_operator.errors import SpecError
 DEFAULT_IMAGE = f"ghcr.io/kvrank/ranker:{__version__}"
 ROUTER_IMAGE = f"ghcr.io/kvrank/router:{__version__}"
 REDIS_IMAGE = "redis:7.2"
+HOST_PATH_REFUSED = (
+    "must not be a hostPath: a ranker would read the node's files (Pod Security restricted"
+    " refuses it too); put the artifacts in a PersistentVolumeClaim, an image or a store"
+)
 URL_WITH_PASSWORD = r"^rediss?://[^/@]*:[^/@]*@"
 """A Redis URL whose user part carries a password (``redis://:secret@host``)."""
 URL_PASSWORD_MESSAGE = (
@@ -458,6 +462,8 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
                 " model.volume (or baked into the image), an http(s):// URL, s3://bucket/prefix"
                 " or gs://bucket/prefix",
             )
+    if "hostPath" in model.volume:
+        raise SpecError("model.volume", HOST_PATH_REFUSED)
     if model.volume and not model.uri.startswith(MODELS_MOUNT + "/"):
         raise SpecError(
             "model.uri",

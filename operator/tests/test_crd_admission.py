@@ -279,6 +279,11 @@ INVALID = [
         "spec.canary.version",
     ),
     (
+        "model artifacts from the node's own files",
+        {"model": {**VALID["model"], "uri": "/models/v1", "volume": {"hostPath": {"path": "/"}}}},
+        "spec.model.volume",
+    ),
+    (
         "a Redis password in the URL instead of a Secret",
         with_({"cache": {"redis": {"mode": "external", "url": "redis://:hunter2@r:6379"}}}),
         "spec.cache.redis.url",

@@ -706,3 +706,11 @@ def test_versions_that_would_share_a_deployment_and_a_namespace_are_refused(
     doc["canary"]["version"] = canary + "x"
     spec = parse_spec(doc)
     assert namespace_for(spec.model.version) != namespace_for(doc["canary"]["version"])
+
+
+def test_model_artifacts_from_a_host_path_are_refused() -> None:
+    doc = {"model": {"version": "v1", "uri": "/models/v1", "volume": {"hostPath": {"path": "/"}}}}
+    with pytest.raises(SpecError, match=r"model\.volume.*hostPath"):
+        parse_spec(doc)
+    doc["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models"}}
+    assert parse_spec(doc).model.volume == {"persistentVolumeClaim": {"claimName": "models"}}
