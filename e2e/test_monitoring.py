@@ -242,10 +242,13 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     tenth of the callers give up waiting), is neither restarted by its liveness probe nor
     taken out of its Service by its readiness probe, and Prometheus saw its queue — what an
     autoscaler would scale on. Alone, the ranker sheds and Prometheus counts it; with the
-    queue proxy beside it (``admission.queueProxy``), Envoy refuses part of the spike before
-    the ranker sees it (about half of the refusals in one run: the ranker's own admission
-    still sheds what it could not serve in time), Prometheus counts those from Envoy's own
-    statistics, and scrapes through the proxy are not refused."""
+    queue proxy beside it (``admission.queueProxy``), every refusal the ranker did not make
+    is the proxy's, Prometheus reads the proxy's own statistics, and scrapes through the
+    proxy are not refused. How much of the spike the proxy refuses depends on how many
+    requests it holds in flight at once, which depends on the machine's speed (about half of
+    the refusals in one run; none in a run on a slow VM): that is the benchmark's figure
+    (``make bench-overload-front``); the refusal at the bound is made to happen, and asserted,
+    in ``operator/tests/test_queue_proxy.py``."""
     from kvrank.tools.overload import measure_capacity
 
     if stack.backend != "local":
@@ -283,8 +286,8 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     assert statuses[200] >= floor, f"answered in time: {statuses} (< {floor:.0f})"
     assert statuses[0] <= 0.1 * len(outcomes), f"callers left without an answer: {statuses}"
     assert all(retry for s, retry in outcomes if s == 503), "a shed answer without Retry-After"
-    if queue_proxy:  # the proxy refused some itself: requests the ranker never saw
-        assert answers["503"] < statuses[503], f"the ranker shed {answers}: {statuses}"
+    if queue_proxy:  # the refusals beyond the ranker's own were the proxy's
+        assert answers["503"] <= statuses[503], f"the ranker shed {answers}: {statuses}"
     (pod,) = ranker.pods()
     containers = {c["name"]: c for c in pod["status"]["containerStatuses"]}
     assert set(containers) == ({"ranker", "queue-proxy"} if queue_proxy else {"ranker"})
@@ -307,7 +310,9 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
         )
     else:  # behind the proxy the ranker may have shed nothing itself
         queries.append(f"sum(increase(kvrank_shed_requests_total{{{sel}}}{window}))")
-    for query in queries:
+    for i, query in enumerate(queries):
         values = [float(r["value"][1]) for r in promql(stack, query)]
-        assert values and max(values) > 0, f"{query}: {values}"
+        assert values, f"{query}: no series"
+        # the proxy's refusals are read whatever their number (see above); the rest grew
+        assert (queue_proxy and i == len(queries) - 1) or max(values) > 0, f"{query}: {values}"
     ranker.delete()
