@@ -119,6 +119,7 @@ def test_the_cluster_forms_over_tls_and_the_health_check_sees_it(
     assert health.reason == "ClusterOk"
 
 
+@pytest.mark.slow
 def test_without_the_clusters_ca_nothing_gets_through(
     nodes: list[RedisServer], tmp_path: Path
 ) -> None:

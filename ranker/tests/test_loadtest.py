@@ -64,6 +64,7 @@ def test_smoke_loadtest_reports_cache_effects(tmp_path: Path, kvrank_cli) -> Non
     )
 
 
+@pytest.mark.slow
 def test_the_oracle_counts_returning_users_and_both_arrival_laws_keep_the_rate() -> None:
     from kvrank.model.config import QUICK
     from kvrank.tools.workload import Workload, WorkloadSettings

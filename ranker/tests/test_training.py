@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model, save_model
@@ -35,6 +36,7 @@ def test_auc_matches_the_textbook_definition() -> None:
     assert auc(y, s) == expected
 
 
+@pytest.mark.slow
 def test_training_beats_chance_on_held_out_users(tmp_path) -> None:
     model = train(SMALL, TrainSettings(steps=120, batch_users=32, cands_per_user=8))
     world = SyntheticWorld(SMALL, 0)

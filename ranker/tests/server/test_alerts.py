@@ -57,6 +57,7 @@ def firing(prom: PrometheusServer, name: str) -> list[dict[str, Any]]:
     return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
+@pytest.mark.slow
 def test_stopping_redis_fires_the_breaker_alert_and_no_request_fails(
     spawn_redis, spawn_server, request_for, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from kvrank.server.logs import Sampler
 
@@ -52,6 +53,7 @@ def test_every_line_is_json_and_each_scoring_request_has_an_access_line(
     assert "alice-4711" not in pod.log.read_text()
 
 
+@pytest.mark.slow
 def test_a_shared_key_follows_a_user_across_pods_and_none_is_per_process(
     spawn_server, request_for
 ) -> None:
