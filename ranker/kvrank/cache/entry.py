@@ -17,7 +17,7 @@ import json
 import xxhash
 
 from kvrank.errors import CorruptEntryError
-from kvrank.model.kv import UserKV
+from kvrank.model.kv import UserKV, json_object
 
 MAGIC = b"KVRC"
 ENTRY_FORMAT = 3
@@ -56,11 +56,9 @@ def decode_entry(data: bytes, model_version: str, fingerprint: str, device: str 
     if size > min(len(data) - 8, MAX_HEADER_BYTES):
         raise CorruptEntryError(f"header length {size} exceeds the entry or {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(data[8 : 8 + size])
+        header = json_object(data[8 : 8 + size])
     except (ValueError, RecursionError) as exc:
         raise CorruptEntryError(f"unreadable header: {exc!r}") from exc
-    if not isinstance(header, dict):
-        raise CorruptEntryError(f"header is a JSON {type(header).__name__}, not an object")
     payload = memoryview(data)[8 + size :]
     if header.get("format") != ENTRY_FORMAT:
         raise CorruptEntryError(f"entry format {header.get('format')!r} != {ENTRY_FORMAT}")

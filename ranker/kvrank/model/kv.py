@@ -201,7 +201,7 @@ class UserKV:
         alive); any inconsistency raises ``CorruptEntryError``."""
         try:
             tensors, metadata = _view_safetensors(memoryview(data))
-            header = _bounded_json(metadata["kvrank"])
+            header = json_object(metadata["kvrank"])
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CorruptEntryError(f"unreadable K/V payload: {exc!r}") from exc
         try:
@@ -248,7 +248,7 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
     size = int.from_bytes(buf[:8], "little")
     if size > min(len(buf) - 8, MAX_TENSORS_HEADER_BYTES):
         raise ValueError(f"header length {size} exceeds the payload or the bound")
-    header = _bounded_json(bytes(buf[8 : 8 + size]))
+    header = json_object(bytes(buf[8 : 8 + size]))
     if not isinstance(header.get("__metadata__"), dict):
         raise ValueError("no metadata")
     base, data_len = 8 + size, len(buf) - 8 - size
@@ -274,9 +274,10 @@ def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str
     return tensors, header["__metadata__"]
 
 
-def _bounded_json(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object; deep nesting ends in ``RecursionError`` in the parser, which callers
-    treat as any other unreadable entry (the header's size is bounded before)."""
+def json_object(raw: bytes | str) -> dict[str, Any]:
+    """``raw`` parsed, which must be a JSON object (``ValueError`` otherwise). Deep nesting
+    ends in ``RecursionError`` in the parser: callers reading cached bytes bound their size
+    first and treat it as any other unreadable entry."""
     doc = json.loads(raw)
     if not isinstance(doc, dict):
         raise ValueError(f"JSON {type(doc).__name__} where an object belongs")

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save as st_save
 
 from kvrank.cache import (
     CacheSettings,
@@ -59,51 +59,45 @@ def framed(header: object, payload: bytes = b"") -> bytes:
     return MAGIC + len(raw).to_bytes(4, "little") + raw + payload
 
 
-def entry_header(payload: bytes) -> dict[str, object]:
-    """A header that matches ``payload`` (its size and checksum recomputed)."""
+def with_payload(kv: UserKV, payload: bytes) -> bytes:
+    """``payload`` framed as ``kv``'s entry, its size and checksum recomputed (as anyone
+    holding the Redis password could)."""
     import xxhash
 
-    return {
+    header = {
         "format": ENTRY_FORMAT,
-        "model_version": "v1",
-        "fingerprint": None,  # set by the caller
-        "kv_dtype": "fp32",
+        "model_version": kv.model_version,
+        "fingerprint": kv.fingerprint,
+        "kv_dtype": kv.kv_dtype,
         "size": len(payload),
         "checksum": xxhash.xxh3_64_intdigest(payload),
     }
-
-
-def with_payload(kv: UserKV, payload: bytes) -> bytes:
-    header = entry_header(payload)
-    header["fingerprint"], header["kv_dtype"] = kv.fingerprint, kv.kv_dtype
     return framed(header, payload)
 
 
-def kv_meta_as_list(kv: UserKV) -> bytes:
-    """The genuine tensors, their JSON header's ``meta`` a list."""
+def tensors_header_edited(kv: UserKV, edit: Callable[[dict[str, Any]], None]) -> bytes:
+    """``kv``'s genuine entry with its safetensors header ``edit``ed (the tensor data as is:
+    offsets count from the end of the header)."""
     raw = kv.to_bytes()
     size = int.from_bytes(raw[:8], "little")
     st_header = json.loads(raw[8 : 8 + size])
+    edit(st_header)
+    body = json.dumps(st_header).encode()
+    return with_payload(kv, len(body).to_bytes(8, "little") + body + raw[8 + size :])
+
+
+def meta_as_list(st_header: dict[str, Any]) -> None:
     ours = json.loads(st_header["__metadata__"]["kvrank"])
     ours["meta"] = ["a", "b"]
-    tensors = {
-        f"l{i}.{p}": getattr(lk, p).contiguous() for i, lk in kv.layers.items() for p in "kv"
-    }
-    tensors |= {f"x.{n}": t.contiguous() for n, t in kv.extras.items()}
-    return with_payload(kv, st_save(tensors, metadata={"kvrank": json.dumps(ours)}))
+    st_header["__metadata__"]["kvrank"] = json.dumps(ours)
 
 
-def kv_with_shape(kv: UserKV, shape: list[int]) -> bytes:
-    """A safetensors header declaring ``shape`` for one tensor, the rest genuine."""
-    raw = bytearray(kv.to_bytes())
-    size = int.from_bytes(raw[:8], "little")
-    st_header = json.loads(raw[8 : 8 + size])
-    name = next(n for n in st_header if n != "__metadata__")
-    st_header[name]["shape"] = shape
-    body = json.dumps(st_header).encode()
-    body += b" " * (size - len(body)) if len(body) <= size else b""
-    payload = len(body).to_bytes(8, "little") + body + bytes(raw[8 + size :])
-    return with_payload(kv, payload)
+def first_tensor_shaped(shape: list[int]) -> Callable[[dict[str, Any]], None]:
+    def edit(st_header: dict[str, Any]) -> None:
+        name = next(n for n in st_header if n != "__metadata__")
+        st_header[name]["shape"] = shape
+
+    return edit
 
 
 def layers_changed(kv: UserKV, change: Callable[[LayerKV], LayerKV]) -> bytes:
@@ -115,9 +109,9 @@ CRAFTED: dict[str, Callable[[UserKV], bytes]] = {
     "header a list": lambda kv: framed([1, 2, 3]),
     "header nested": lambda kv: framed(b"[" * 2000 + b"]" * 2000),
     "header oversized": lambda kv: framed({"pad": "x" * 10_000}),
-    "meta a list": kv_meta_as_list,
-    "negative shape": lambda kv: kv_with_shape(kv, [-1, 4, 8]),
-    "huge shape": lambda kv: kv_with_shape(kv, [2**40, 2**40]),
+    "meta a list": lambda kv: tensors_header_edited(kv, meta_as_list),
+    "negative shape": lambda kv: tensors_header_edited(kv, first_tensor_shaped([-1, 4, 8])),
+    "huge shape": lambda kv: tensors_header_edited(kv, first_tensor_shaped([2**40, 2**40])),
     "one row fewer": lambda kv: layers_changed(
         kv, lambda lk: replace(lk, k=lk.k[:-1], v=lk.v[:-1])
     ),
