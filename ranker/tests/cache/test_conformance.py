@@ -37,11 +37,6 @@ class Tier:
     to_kv: Callable[[Any], UserKV]
 
 
-@pytest.fixture
-def model(factory, tiny_cfg):
-    return factory.model(tiny_cfg, version="v1")
-
-
 THREADED = {"threaded_read_bytes": 0}
 """Every entry read on a thread with the blocking client, as large entries are."""
 

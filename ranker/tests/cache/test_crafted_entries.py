@@ -31,11 +31,6 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def model(factory, tiny_cfg):
-    return factory.model(tiny_cfg, version="v1")
-
-
-@pytest.fixture
 async def pod(model, redis_server):
     """A new pod's cache (empty L1) on the shared Redis, checking entries with the model as
     ``kvrank serve`` does; and its Redis client."""

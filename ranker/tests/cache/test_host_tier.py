@@ -29,11 +29,6 @@ USERS = 6
 
 
 @pytest.fixture
-def model(factory, tiny_cfg):
-    return factory.model(tiny_cfg, version="v1")
-
-
-@pytest.fixture
 def users(factory, tiny_cfg, model):
     fp = model.cfg.fingerprint()
     return [

@@ -28,11 +28,6 @@ from kvrank.cache import (
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture
-def model(factory, tiny_cfg):
-    return factory.model(tiny_cfg, version="v1")
-
-
 @dataclass(eq=False)
 class Pod(TieredCache):
     """One pod's cache, with the Redis store it was built on (for the test to reach)."""
