@@ -147,6 +147,10 @@ class Ranker:
         return [e["message"] for e in json.loads(out)["items"]]
 
     # ------------------------------------------------------------------ what it owns
+    def cache_namespace(self, version: str) -> str:
+        """A version's cache namespace: named after this deployment and the version."""
+        return namespace_for(self.name, NS, version)
+
     def version_name(self, version: str) -> str:
         """A version's Deployment and Service."""
         return deployment_name(self.name, version)
@@ -195,7 +199,7 @@ class Ranker:
         self.stack.wait_for(
             lambda: (
                 self.score(f"{prefix}-{version}-{next(users)}", version=version)
-                and self.redis_keys(namespace_for(version)) > 0
+                and self.redis_keys(self.cache_namespace(version)) > 0
             ),
             f"{self.name}: entries of {version} in Redis",
             timeout,

@@ -21,7 +21,6 @@ release (``release.py``) and its own RankerDeployments (``rankers.py``).
 from __future__ import annotations
 
 import base64
-import hashlib
 import itertools
 import json
 import os
@@ -47,7 +46,7 @@ from localkube.tools import Cluster
 from object_stores import S3
 
 from kvrank.admission import TIMEOUT_HEADER
-from kvrank.model.artifact import save_model, save_ranker
+from kvrank.model.artifact import artifact_sha256, save_model, save_ranker
 from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import free_port_pair, samples
@@ -248,10 +247,9 @@ class Stack:
         prefix = SLOW_PREFIX if slow else ""
         return f"http://{ARTIFACTS}.{NS}.svc:{ARTIFACTS_PORT}{prefix}/{model}/{version}"
 
-    def weights_sha256(self, version: str, model: str = "feed-ranker") -> str:
-        """The SHA-256 of ``version``'s weights (what ``model.sha256`` pins)."""
-        weights = (self.models / model / version / "model.safetensors").read_bytes()
-        return hashlib.sha256(weights).hexdigest()
+    def artifact_sha256(self, version: str, model: str = "feed-ranker") -> str:
+        """The SHA-256 of ``version``'s artifact (what ``model.sha256`` pins)."""
+        return artifact_sha256(self.models / model / version)
 
     def adapt(self, doc: dict[str, Any], artifact: bool = True) -> dict[str, Any]:
         """This run's images, the artifact store's URL (``artifact=False``: the example's
@@ -339,7 +337,7 @@ class Stack:
             if part is not None:
                 path = Path("feed-ranker") / part["version"]
                 part["uri"] = f"s3://{S3_BUCKET}/{path}"
-                part["sha256"] = self.weights_sha256(part["version"])
+                part["sha256"] = self.artifact_sha256(part["version"])
         spec["model"]["env"] = [  # once: the same doc again must not change the pods
             *(e for e in spec["model"].get("env", []) if not e["name"].startswith("AWS_")),
             *({"name": k, "value": v} for k, v in env.items()),

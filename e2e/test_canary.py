@@ -12,8 +12,6 @@ import pytest
 from rankers import Ranker, Rankers, body
 from stack import Stack
 
-from kvrank_operator.spec import namespace_for
-
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 
 
@@ -45,7 +43,8 @@ def test_a_canary_gets_its_share_of_replicas_and_a_cache_namespace_of_its_own(
     ranker.apply(canary_spec(ranker, "v1", "v2", weight=20, replicas=5))
     ranker.stack.wait_for(
         lambda: (
-            ranker.namespaces() == {namespace_for("v1"): "active", namespace_for("v2"): "active"}
+            ranker.namespaces()
+            == {ranker.cache_namespace("v1"): "active", ranker.cache_namespace("v2"): "active"}
         ),
         "two active cache namespaces",
     )
@@ -70,7 +69,7 @@ def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: R
     assert ["Version", "v2", "canary", "1/1", "ready", "50%"] in rows, shown
     assert any(r[:3] == ["Rollout", "v2", "Manual"] and "50%" in r for r in rows), shown
     for version, role in (("v1", "stable"), ("v2", "canary")):
-        assert ["Cache", namespace_for(version), version, role, "active"] in rows, shown
+        assert ["Cache", ranker.cache_namespace(version), version, role, "active"] in rows, shown
     said = ranker.rkd("promote").stdout
     assert "promoted canary v2 (was v1)" in said, said
     model, canary = ranker.must_get()["spec"]["model"], ranker.must_get()["spec"].get("canary")
@@ -83,18 +82,21 @@ def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: R
         if resp.status_code != 200:
             failures.append(f"{resp.status_code} {resp.text[:200]}")
         i += 1
-        if ranker.namespaces().get(namespace_for("v1")) == "purged":
+        if ranker.namespaces().get(ranker.cache_namespace("v1")) == "purged":
             break
-    assert ranker.namespaces().get(namespace_for("v1")) == "purged", stack.report()
+    assert ranker.namespaces().get(ranker.cache_namespace("v1")) == "purged", stack.report()
     assert not failures, failures[:5]
-    assert ranker.redis_keys(namespace_for("v1")) == 0, "v1's entries must be gone from Redis"
+    assert ranker.redis_keys(ranker.cache_namespace("v1")) == 0, (
+        "v1's entries must be gone from Redis"
+    )
     selector = (
-        f"kvrank.io/cache-namespace={namespace_for('v1')},app.kubernetes.io/instance={ranker.name}"
+        f"kvrank.io/cache-namespace={ranker.cache_namespace('v1')},"
+        f"app.kubernetes.io/instance={ranker.name}"
     )
     (job,) = stack.select("jobs", selector)
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:4] == ["cache", "purge", "--namespace", namespace_for("v1")], args
-    assert ranker.redis_keys(namespace_for("v2")) > 0
+    assert args[:4] == ["cache", "purge", "--namespace", ranker.cache_namespace("v1")], args
+    assert ranker.redis_keys(ranker.cache_namespace("v2")) > 0
     ranker.wait_gone("v1")
     stack.wait_for(lambda: ranker.ready_replicas("v2") == 2, "v2 at all replicas", 240)
     assert ranker.score("after-promote")["model_version"] == "v2"
@@ -105,15 +107,18 @@ def test_aborting_purges_the_canary_namespace_only(stack: Stack, rankers: Ranker
     stable = ranker.must_deployment("v2")
     assert "aborted canary v3" in ranker.rkd("abort").stdout
     assert ranker.must_get()["spec"]["model"]["version"] == "v2"
-    stack.wait_for(lambda: ranker.namespaces().get(namespace_for("v3")) == "purged", "v3 purged")
-    assert ranker.redis_keys(namespace_for("v3")) == 0
+    stack.wait_for(
+        lambda: ranker.namespaces().get(ranker.cache_namespace("v3")) == "purged", "v3 purged"
+    )
+    assert ranker.redis_keys(ranker.cache_namespace("v3")) == 0
     # the stable namespace is never purged (its entries only expire by their TTL)
     selector = (
-        f"kvrank.io/cache-namespace={namespace_for('v2')},app.kubernetes.io/instance={ranker.name}"
+        f"kvrank.io/cache-namespace={ranker.cache_namespace('v2')},"
+        f"app.kubernetes.io/instance={ranker.name}"
     )
     assert not stack.select("jobs", selector)
     assert ranker.must_deployment("v2")["metadata"]["uid"] == stable["metadata"]["uid"]
-    assert ranker.namespaces().get(namespace_for("v2")) == "active"
+    assert ranker.namespaces().get(ranker.cache_namespace("v2")) == "active"
     ranker.wait_gone("v3")
     again = ranker.rkd("abort", check=False)
     assert again.returncode == 1 and f"{ranker.name} has no canary to abort" in again.stderr

@@ -11,8 +11,6 @@ import pytest
 from rankers import Ranker, Rankers, Traffic
 from stack import NS, Stack
 
-from kvrank_operator.spec import namespace_for
-
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 
 
@@ -71,7 +69,9 @@ def test_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_ste
         )
         joined = ranker.rollout()
         assert joined["warmHitRatio"] >= 0.6 and joined["warmRequests"] >= 30, joined
-        assert ranker.redis_keys(namespace_for("v2.1")) > 0, "the canary's namespace not warmed"
+        assert ranker.redis_keys(ranker.cache_namespace("v2.1")) > 0, (
+            "the canary's namespace not warmed"
+        )
         table = stack.kubectl("get", "rkd", ranker.name, "-n", NS)
         assert "Progressing" in table and "1/2" in table, table
         stack.wait_for(
@@ -118,7 +118,9 @@ def test_a_drifting_canary_is_aborted_at_its_first_step_and_purged(
         ranker.apply(doc)
         stack.wait_for(lambda: ranker.rollout().get("phase") == "Aborted", "v3 aborted", 240)
         stack.wait_for(
-            lambda: ranker.namespaces().get(namespace_for("v3")) == "purged", "v3 purged", 120
+            lambda: ranker.namespaces().get(ranker.cache_namespace("v3")) == "purged",
+            "v3 purged",
+            120,
         )
     aborted = ranker.condition("CanaryAnalysis")
     assert aborted is not None and aborted["status"] == "False", aborted
@@ -127,10 +129,10 @@ def test_a_drifting_canary_is_aborted_at_its_first_step_and_purged(
     assert "step 1/1" in message and "scoreDelta" in message and "max 0.01" in message, message
     (event,) = ranker.events("RolloutAborted")
     assert "scoreDelta" in event, event
-    assert ranker.redis_keys(namespace_for("v3")) == 0
+    assert ranker.redis_keys(ranker.cache_namespace("v3")) == 0
     ranker.wait_gone("v3")
     assert ranker.must_deployment("v1")["metadata"]["uid"] == stable["metadata"]["uid"]
-    assert ranker.namespaces().get(namespace_for("v1")) == "active"
+    assert ranker.namespaces().get(ranker.cache_namespace("v1")) == "active"
     assert ranker.must_get()["spec"]["model"]["version"] == "v1"
     assert not traffic.failures(), traffic.failures()[:5]
 

@@ -15,8 +15,6 @@ from rankers import Rankers, body
 from release import OperatorRelease
 from stack import NS, Stack, metric_values
 
-from kvrank_operator.spec import namespace_for
-
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 
 
@@ -59,7 +57,7 @@ def test_the_standby_operator_takes_over_when_the_leader_is_killed_mid_rollout(
     stack.wait_for(
         lambda: (
             {k for k, v in ranker.namespaces().items() if v == "active"}
-            == {namespace_for("v1"), namespace_for("v3")}
+            == {ranker.cache_namespace("v1"), ranker.cache_namespace("v3")}
         ),
         "both namespaces active after the operator restart",
         240,

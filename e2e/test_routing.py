@@ -244,6 +244,14 @@ def test_a_pod_deleted_under_load_fails_no_request_and_moves_only_its_users(
     )
 
 
+SETTLE_S = 420
+"""How long a weight may take to reach every answer: the kubelet brings the router's ConfigMap
+(its sync period plus its cache's TTL: up to ~2 min), a new canary pod starts (~3 min while
+the other lane loads both cores), the router's DNS learns it, and each look is two passes of
+160 requests through the API server's proxy. A bound on waiting, not the verdict: the shares
+and the users that stay are (180 s ran out once under load; 194 s in all alone)."""
+
+
 def test_the_canary_share_is_split_per_user_and_grows_by_a_band(
     stack: Stack, rankers: Rankers
 ) -> None:
@@ -282,13 +290,13 @@ def test_the_canary_share_is_split_per_user_and_grows_by_a_band(
     at_25 = stack.wait_for(
         lambda: (v := versions()) and abs(share(v) - 0.25) <= 0.08 and v,
         "a quarter of the users on the canary",
-        180,
+        SETTLE_S,
     )
     ranker.apply(canary(50))
     at_50 = stack.wait_for(  # the router reloads its ConfigMap as the kubelet updates it
         lambda: (v := versions()) and abs(share(v) - 0.5) <= 0.08 and v,
         "half of the users on the canary",
-        180,
+        SETTLE_S,
     )
     print(
         f"canary share of users: {share(at_25):.2f} at 25, {share(at_50):.2f} at 50;"

@@ -22,7 +22,6 @@ from kvrank.model.features import example_candidates, example_user
 from kvrank.server.schemas import body_for
 from kvrank.tools.workload import request_body
 from kvrank_operator.crd import API_VERSION
-from kvrank_operator.spec import namespace_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +41,7 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
         ("pdb", name),
         ("statefulset", f"{name}-redis"),
         ("secret", f"{name}-redis-auth"),
+        ("secret", f"{name}-cache-key"),
         ("networkpolicy", f"{name}-redis"),
         ("networkpolicy", name),
         ("networkpolicy", f"{name}-default-deny"),
@@ -54,7 +54,7 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
         assert refs and refs[0]["uid"] == uid, f"{kind}/{obj_name} is not owned by {name}"
     assert ranker.ready_replicas("v1") == 2
     assert len(stack.endpoints(name)) == 2
-    assert ranker.namespaces() == {namespace_for("v1"): "active"}
+    assert ranker.namespaces() == {ranker.cache_namespace("v1"): "active"}
     # the bootstrap Job formed the managed Redis Cluster over the headless Service's DNS names
     stack.wait_for(
         lambda: (
@@ -198,7 +198,10 @@ def test_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_cod
     # a canary with its code in an image of its own, in a cache namespace of its own
     ranker.apply(plugin_spec(stack, name, canary="s2"))
     stack.wait_for(
-        lambda: ranker.namespaces() == {"v-s1": "active", "v-s2": "active"},
+        lambda: (
+            ranker.namespaces()
+            == {ranker.cache_namespace("s1"): "active", ranker.cache_namespace("s2"): "active"}
+        ),
         "the plugin canary's own cache namespace",
     )
     ranker.wait_ready("with the plugin canary", 300)
@@ -235,7 +238,7 @@ def test_the_claim_and_url_examples_serve_and_delete_removes_everything_they_cre
     path = urlsplit(model["uri"]).path  # /feed-ranker/v4
     model["uri"] = stack.model_uri(model["version"])
     assert urlsplit(model["uri"]).path == path, (model["uri"], path)
-    model["sha256"] = stack.weights_sha256(model["version"])
+    model["sha256"] = stack.artifact_sha256(model["version"])
     doc["metadata"]["name"] = by_url.name
     by_url.apply(doc)
     on_claim.wait_ready("from the claim", timeout=300)

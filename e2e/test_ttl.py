@@ -14,7 +14,7 @@ import yaml
 from rankers import Rankers
 from stack import NS, Stack, metric_values
 
-from kvrank_operator.spec import namespace_for, parse_spec
+from kvrank_operator.spec import parse_spec
 from kvrank_operator.ttl import target_ttl
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
@@ -93,7 +93,7 @@ def test_the_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
         # (entries live for the tuned few seconds, and a user served from L1 writes none:
         # one is there whenever a user's entry has just been made again)
         stack.wait_for(
-            lambda: ranker.redis_keys(namespace_for("v1")) > 0,
+            lambda: ranker.redis_keys(ranker.cache_namespace("v1")) > 0,
             "the ranker's entries in its TLS-only Redis",
             60,
         )

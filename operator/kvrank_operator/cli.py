@@ -21,6 +21,14 @@ RedisImage = Annotated[
     str | None,
     typer.Option(help="The managed Redis image of a spec that names none (default redis:7.2)."),
 ]
+OperatorNamespace = Annotated[
+    str | None,
+    typer.Option(
+        envvar="POD_NAMESPACE",
+        help="The namespace the operator runs in: a managed Redis admits the operator's pods"
+        " from it only (unset: from any namespace, for an operator run outside the cluster).",
+    ),
+]
 RouterImage = Annotated[
     str | None, typer.Option(help="The bundled router image of a spec that names none.")
 ]
@@ -85,6 +93,7 @@ def run(
     redis_image: RedisImage = None,
     router_image: RouterImage = None,
     platform_ids: PlatformIds = False,
+    operator_namespace: OperatorNamespace = None,
 ) -> None:
     """Run the operator (cluster-wide unless --namespace is given)."""
     import os
@@ -100,7 +109,7 @@ def run(
     monitoring = None
     if pod_monitor:
         monitoring = _pod_monitoring(pod_monitor_label or [], pod_monitor_interval)
-    defaults = _defaults(ranker_image, redis_image, router_image, platform_ids)
+    defaults = _defaults(ranker_image, redis_image, router_image, platform_ids, operator_namespace)
     options = Options(redis_health=check_and_heal, monitoring=monitoring, defaults=defaults)
     _serve(
         kubeconfig, namespace or [], metrics_port, liveness_port, lease, lease_namespace, options
@@ -108,12 +117,20 @@ def run(
 
 
 def _defaults(
-    ranker: str | None, redis: str | None, router: str | None, platform_ids: bool
+    ranker: str | None,
+    redis: str | None,
+    router: str | None,
+    platform_ids: bool,
+    operator_namespace: str | None = None,
 ) -> Defaults:
     from kvrank_operator.spec import Defaults
 
     given = {"ranker": ranker, "redis": redis, "router": router}
-    return Defaults(**{k: v for k, v in given.items() if v}, platform_ids=platform_ids)
+    return Defaults(
+        **{k: v for k, v in given.items() if v},
+        platform_ids=platform_ids,
+        operator_namespace=operator_namespace or None,
+    )
 
 
 def _configure_logging(log_format: str) -> None:
@@ -277,6 +294,7 @@ def render(
     redis_image: RedisImage = None,
     router_image: RouterImage = None,
     platform_ids: PlatformIds = False,
+    operator_namespace: OperatorNamespace = None,
 ) -> None:
     """Print the objects the operator would apply for a RankerDeployment (its first pass;
     Secrets' values redacted): for review, diffs and manifest linters. No cluster needed."""
@@ -292,7 +310,9 @@ def render(
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         monitoring = _pod_monitoring([], "30s") if pod_monitor else None
-        defaults = _defaults(ranker_image, redis_image, router_image, platform_ids)
+        defaults = _defaults(
+            ranker_image, redis_image, router_image, platform_ids, operator_namespace
+        )
         objects = [obj for doc in docs for obj in build(doc, namespace, monitoring, defaults)]
     except (OSError, yaml.YAMLError, OperatorError) as exc:
         typer.echo(f"kvrank-operator render: {file}: {exc}", err=True)

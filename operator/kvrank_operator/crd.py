@@ -20,6 +20,8 @@ from kvrank_operator.spec import (
     SHADOW_CHECKS,
     URL_PASSWORD_MESSAGE,
     URL_WITH_PASSWORD,
+    VERSION_MAX,
+    VERSION_PATTERN,
     VERSIONS_COLLIDE,
     AnalysisSpec,
     CacheSpec,
@@ -45,8 +47,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 _NAME = {
     "type": "string",
-    "pattern": r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$",
-    "description": "A model version: lower-case DNS label characters, at most 42.",
+    "pattern": VERSION_PATTERN,
+    "description": f"A model version: lower-case DNS label characters, at most {VERSION_MAX}.",
 }
 QUANTITY_PATTERN = "^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
 """Byte quantities the operator understands (the Kubernetes client's parse_quantity reads them;
@@ -157,7 +159,9 @@ MODEL = _obj(
         "sha256": {
             "type": "string",
             "pattern": "^[0-9a-fA-F]{64}$",
-            "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
+            "description": "SHA-256 of the artifact: config.json and model.safetensors, as"
+            " `kvrank model-digest DIR` (or `sha256sum config.json model.safetensors |"
+            " sha256sum`) prints it; pods refuse others.",
         },
         "image": {
             "type": "string",
@@ -321,7 +325,9 @@ CANARY = _obj(
         "sha256": {
             "type": "string",
             "pattern": "^[0-9a-fA-F]{64}$",
-            "description": "SHA-256 of the artifact's model.safetensors; pods refuse others.",
+            "description": "SHA-256 of the artifact: config.json and model.safetensors, as"
+            " `kvrank model-digest DIR` (or `sha256sum config.json model.safetensors |"
+            " sha256sum`) prints it; pods refuse others.",
         },
         "shadow": _obj(
             {

@@ -108,13 +108,13 @@ def _pass(p: Pass, memory: Memory, options: Options) -> Outcome:
         memory.measured_at = p.now
     ttl_s = tuned.ttl.seconds if tuned.ttl is not None else None
     report += managed_redis.apply(p)
-    versions.apply(p, live, ttl_s)
+    report += versions.apply(p, live, ttl_s)
     report += monitoring.reconcile(p, options.monitoring)
     seen = _observe(p, live)
     record, after, rolled = canary.reconcile(p, live, seen, memory.windows)
     report += rolled
     if after != live:  # a phase or step changed: its weight and Service apply now
-        versions.apply(p, after, ttl_s)
+        report += versions.apply(p, after, ttl_s)
         seen = _observe(p, after)
     report += routing.reconcile(p, after, seen)  # the router follows the canary's share
     serving, served = versions.reconcile(p, after, seen)

@@ -51,7 +51,8 @@ def render(
     out = [
         _redacted(d.obj) for d in m.desired_redis(spec, name, ns, REDACTED, _tls(spec, name, ns))
     ]
-    out += [d.obj for d in m.desired_rankers(live, name, ns, next_ttl(None, None, live.ttl))]
+    ttl = next_ttl(None, None, live.ttl)
+    out += [_redacted(d.obj) for d in m.desired_rankers(live, name, ns, ttl, REDACTED)]
     if monitoring is not None:
         out.append(m.pod_monitor(name, ns, monitoring))
     if live.routing.mode == "bundled":

@@ -9,6 +9,7 @@ did not default (tests, dry runs).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,6 +50,9 @@ class Defaults:
     """No ``runAsUser``/``runAsGroup``/``fsGroup`` on the pods the operator makes: OpenShift's
     restricted-v2 SCC assigns them from the namespace's range (and refuses pods that fix
     others). ``model.pod.securityContext`` set in a spec still wins."""
+    operator_namespace: str | None = None
+    """Where the operator's own pods run (``POD_NAMESPACE``): a managed Redis admits them from
+    there only. ``None`` (an operator outside the cluster): pods so labelled in any namespace."""
 
 
 ROUTING_HEADER = "X-KVRank-User"
@@ -355,6 +359,8 @@ class RankerSpec:
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     platform_ids: bool = False
     """Not in the CRD: the operator's :attr:`Defaults.platform_ids`."""
+    operator_namespace: str | None = None
+    """Not in the CRD: the operator's :attr:`Defaults.operator_namespace`."""
 
     def ids(self, uid: int) -> int | None:
         """The uid (and gid) a pod of ours runs as: ``uid``, or ``None`` where the platform
@@ -405,17 +411,35 @@ def parse_quantity(quantity: str | int) -> int:
     return int(kubernetes_quantity(quantity))  # type: ignore[no-untyped-call]
 
 
-def namespace_for(version: str) -> str:
-    """The cache namespace of a model version (one per version, never shared): a DNS label,
-    its dots made dashes, as in the version's Deployment name. Two versions that differ only
-    there (``1.0``, ``1-0``) would share both, so a spec naming such a pair is refused."""
-    return "v-" + re.sub(r"[^a-z0-9-]", "-", version)
+VERSION_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$"
+VERSION_MAX = 42  # what VERSION_PATTERN admits
+CACHE_NAMESPACE_MAX = 63  # it labels the purge Job (a label value)
+_OWNER_SLUG = CACHE_NAMESPACE_MAX - 1 - VERSION_MAX - 9  # "<slug>-<8 hex>.<version>"
+
+
+def cache_owner(instance: str, namespace: str) -> str:
+    """What every cache namespace of one RankerDeployment starts with: its name made a
+    dotless slug (its first 11 characters: room for the longest version) and a digest of
+    ``<namespace>/<name>``, so that two RankerDeployments sharing one Redis (of the same name
+    in two Kubernetes namespaces, or ``a.b`` beside ``a-b``) never share a key. A Redis ACL
+    pattern ``~kvrank*:<owner>.*`` confines one deployment to its own keys."""
+    digest = hashlib.sha256(f"{namespace}/{instance}".encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9-]", "-", instance.lower())[:_OWNER_SLUG].strip("-")
+    return f"{slug}-{digest}" if slug else digest
+
+
+def namespace_for(instance: str, namespace: str, version: str) -> str:
+    """The cache namespace of one model version of one RankerDeployment:
+    ``<owner>.<version>``, the version verbatim (the CRD admits ``[a-z0-9.-]``, at most 42
+    characters), so that two versions never share one (``1.0`` and ``1-0`` have their own)
+    and a purge of one never touches another's keys."""
+    return f"{cache_owner(instance, namespace)}.{version}"
 
 
 VERSIONS_COLLIDE = (
     "differs from model.version only in '.' against '-': the two would share one Deployment"
-    " name and one cache namespace (aborting the canary would purge the stable's cache);"
-    " name the canary's version differently"
+    " and Service name (a version's objects are named with its dots made dashes); name the"
+    " canary's version differently"
 )
 
 
@@ -427,7 +451,7 @@ def _canary_beside(raw: dict[str, Any], stable: str) -> CanarySpec:
             "canary.version",
             f"equals model.version ({stable!r}); a canary must run a different model version",
         )
-    if namespace_for(canary.version) == namespace_for(stable):
+    if canary.version.replace(".", "-") == stable.replace(".", "-"):
         raise SpecError("canary.version", VERSIONS_COLLIDE)
     return canary
 
@@ -437,7 +461,7 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
     images = defaults or Defaults()
     m = spec.get("model") or {}
     model = ModelSpec(
-        version=_req(m, "version", "model"),
+        version=_version(m, "model"),
         uri=_req(m, "uri", "model"),
         image=m.get("image", images.ranker),
         replicas=int(m.get("replicas", ModelSpec.replicas)),
@@ -484,6 +508,7 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
         _routing(spec.get("routing") or {}, images.router),
         _admission(spec.get("admission") or {}),
         platform_ids=images.platform_ids,
+        operator_namespace=images.operator_namespace,
     )
 
 
@@ -578,7 +603,7 @@ def _canary(c: dict[str, Any]) -> CanarySpec:
             f"canary.analysis.{unshadowed[0]}", "is measured on shadow traffic: set canary.shadow"
         )
     return CanarySpec(
-        _req(c, "version", "canary"),
+        _version(c, "canary"),
         _req(c, "uri", "canary"),
         int(c.get("weight", CanarySpec.weight)),
         c.get("replicas"),
@@ -728,6 +753,18 @@ def _ttl(t: dict[str, Any]) -> TTLSpec:
     if ttl.source == "prometheus" and ttl.prometheus is None:
         raise SpecError("ttl.source.prometheus.url", "is required when ttl.source is prometheus")
     return ttl
+
+
+def _version(doc: dict[str, Any], parent: str) -> str:
+    """A model version as the CRD admits it: it names objects and a cache namespace."""
+    version = _req(doc, "version", parent)
+    if not re.match(VERSION_PATTERN, version):
+        raise SpecError(
+            f"{parent}.version",
+            f"{version!r} must be lower-case letters, digits, '.' and '-', starting and ending"
+            f" with a letter or digit, at most {VERSION_MAX} characters",
+        )
+    return version
 
 
 def _req(doc: dict[str, Any], key: str, parent: str) -> str:

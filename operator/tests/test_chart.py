@@ -429,7 +429,7 @@ def test_the_chart_readme_lists_every_value_as_values_yaml_describes_it(tmp_path
 
 def test_names_and_namespace_can_be_overridden_and_redis_still_admits_the_operator() -> None:
     from kvrank_operator.manifests.redis import OPERATOR_POD_LABEL, managed_redis
-    from kvrank_operator.spec import parse_spec
+    from kvrank_operator.spec import Defaults, parse_spec
 
     docs = render("--set", "fullnameOverride=ranking-op", "--set", "namespaceOverride=ops",
                   "--set", "nameOverride=rkop")  # fmt: skip
@@ -439,12 +439,19 @@ def test_names_and_namespace_can_be_overridden_and_redis_still_admits_the_operat
     assert dep["metadata"]["name"] == "ranking-op"
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/name"] == "rkop"
-    # a managed Redis admits the operator by a label no override changes
-    spec = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}})
+    # a managed Redis admits the operator by a label no override changes, from the namespace
+    # the chart runs it in (POD_NAMESPACE: the operator's --operator-namespace) only
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    defaults = Defaults(operator_namespace="ops")
+    spec = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}}, defaults)
     policy = next(o for o in managed_redis(spec, "f", "p", "x") if o["kind"] == "NetworkPolicy")
     peers = policy["spec"]["ingress"][0]["from"]
     operator = {"matchLabels": {OPERATOR_POD_LABEL: "true"}}
-    assert {"namespaceSelector": {}, "podSelector": operator} in peers
+    ops = {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+    assert {"namespaceSelector": ops, "podSelector": operator} in peers
+    assert not any(p.get("namespaceSelector") == {} for p in peers), "any namespace admitted"
     assert labels[OPERATOR_POD_LABEL] == "true"
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "ops"

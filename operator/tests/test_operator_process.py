@@ -25,6 +25,7 @@ from localkube.images import PAUSE_IMAGE
 
 from kvrank.tools.processes import free_port, scrape
 from kvrank_operator.crd import API_VERSION
+from kvrank_operator.spec import namespace_for
 
 pytestmark = pytest.mark.kube
 
@@ -137,7 +138,8 @@ def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
         wait(
             "both cache namespaces active",
             lambda: (
-                {e["namespace"] for e in status().get("cacheNamespaces", [])} == {"v-v1", "v-v2"}
+                {e["namespace"] for e in status().get("cacheNamespaces", [])}
+                == {namespace_for("feed", ns, "v1"), namespace_for("feed", ns, "v2")}
             ),
             log,
         )
@@ -193,7 +195,10 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
             op.log,
         )
         status = rkd_status(cluster, ns)
-        assert {e["namespace"] for e in status["cacheNamespaces"]} == {"v-v1", "v-v2"}
+        assert {e["namespace"] for e in status["cacheNamespaces"]} == {
+            namespace_for("feed", ns, "v1"),
+            namespace_for("feed", ns, "v2"),
+        }
 
         crds = subprocess.run(["bash", str(CRDS)], capture_output=True, text=True, check=True)
         cluster.kubectl(

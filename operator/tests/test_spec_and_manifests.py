@@ -82,7 +82,8 @@ def test_deployment_carries_version_namespace_probes_and_gpu() -> None:
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["KVRANK_NAMESPACE"] == namespace_for("v1") == "v-v1"
+    assert env["KVRANK_NAMESPACE"] == namespace_for("feed", "prod", "v1")
+    assert env["KVRANK_NAMESPACE"].endswith(".v1")
     assert env["KVRANK_MODEL_DIR"] == "/models/v1"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -321,7 +322,7 @@ def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_no
         assert selector.items() <= j["spec"]["template"]["metadata"]["labels"].items()
         assert _container(j)["resources"]["limits"]["ephemeral-storage"]
     # applied with the rankers, in every pass
-    kinds = [d.kind for d in m.desired_rankers(spec, "feed", "prod", None)]
+    kinds = [d.kind for d in m.desired_rankers(spec, "feed", "prod", None, "k")]
     assert kinds.count("NetworkPolicy") == 2
 
 
@@ -691,9 +692,7 @@ def test_a_redis_password_in_the_url_is_refused_pointing_at_the_secret_field(url
 @pytest.mark.parametrize(
     ("stable", "canary"), [("1.0", "1-0"), ("v2-1", "v2.1"), ("a.b.c", "a-b.c")]
 )
-def test_versions_that_would_share_a_deployment_and_a_namespace_are_refused(
-    stable: str, canary: str
-) -> None:
+def test_versions_that_would_share_a_deployment_are_refused(stable: str, canary: str) -> None:
     from kvrank_operator.manifests.common import deployment_name
 
     assert deployment_name("feed", stable) == deployment_name("feed", canary)  # the collision
@@ -701,11 +700,11 @@ def test_versions_that_would_share_a_deployment_and_a_namespace_are_refused(
         "model": {"version": stable, "uri": "/m/a"},
         "canary": {"version": canary, "uri": "/m/b"},
     }
-    with pytest.raises(SpecError, match=r"canary\.version.*cache namespace"):
+    with pytest.raises(SpecError, match=r"canary\.version.*one Deployment and Service name"):
         parse_spec(doc)
     doc["canary"]["version"] = canary + "x"
     spec = parse_spec(doc)
-    assert namespace_for(spec.model.version) != namespace_for(doc["canary"]["version"])
+    assert deployment_name("feed", spec.model.version) != deployment_name("feed", canary + "x")
 
 
 def test_model_artifacts_from_a_host_path_are_refused() -> None:
@@ -714,3 +713,27 @@ def test_model_artifacts_from_a_host_path_are_refused() -> None:
         parse_spec(doc)
     doc["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models"}}
     assert parse_spec(doc).model.volume == {"persistentVolumeClaim": {"claimName": "models"}}
+
+
+def test_every_ranker_pod_tags_its_entries_with_the_deployments_own_secret() -> None:
+    """One Secret per RankerDeployment, created once (never replaced under running pods),
+    mounted read-only into every version's pods, and named in the file they read."""
+    from kvrank.server.config import ServerConfig
+
+    spec = parse_spec(example("canary.yaml"))
+    desired = m.desired_rankers(spec, "feed", "prod", None, "generated-secret-value")
+    secret = desired[0]
+    assert secret.kind == "Secret" and secret.create_only
+    assert secret.obj["metadata"]["name"] == m.entry_secret_name("feed")
+    assert secret.obj["stringData"] == {"secret": "generated-secret-value"}
+    cfg = ServerConfig.model_validate(yaml.safe_load(m.ranker_config(spec, "feed", "prod", None)))
+    assert cfg.entry_secret_file == m.ENTRY_SECRET_FILE
+    for d in (d for d in desired if d.kind == "Deployment"):
+        pod = d.obj["spec"]["template"]["spec"]
+        (volume,) = (v for v in pod["volumes"] if "secret" in v and v["name"] == "cache-key")
+        assert volume["secret"]["secretName"] == m.entry_secret_name("feed")
+        mounts = {x["mountPath"]: x for x in pod["containers"][0]["volumeMounts"]}
+        mount = mounts[m.ENTRY_SECRET_FILE.rsplit("/", 1)[0]]
+        assert mount["name"] == "cache-key" and mount["readOnly"] is True
+    other = m.desired_rankers(spec, "other", "prod", None, "another value")[0]
+    assert other.obj["metadata"]["name"] != secret.obj["metadata"]["name"]

@@ -282,6 +282,22 @@ def example_request(
     typer.echo(json.dumps(short))
 
 
+@app.command("model-digest")
+def model_digest(
+    directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],
+) -> None:
+    """Print the artifact's SHA-256 — config.json and model.safetensors, as
+    `sha256sum config.json model.safetensors | sha256sum` prints it — for model_sha256
+    (RankerDeployment: model.sha256, canary.sha256)."""
+    from kvrank.model.artifact import artifact_sha256
+
+    try:
+        typer.echo(artifact_sha256(directory))
+    except OSError as exc:
+        typer.secho(f"kvrank model-digest: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from exc
+
+
 @app.command("check-model")
 def check_model(
     directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],
@@ -466,6 +482,23 @@ def cache_purge(
     )
     removed = asyncio.run(purge_namespace(settings, namespace, max_keys_per_s=max_keys_per_s))
     typer.echo(f"purged namespace {namespace!r}: {removed} keys removed")
+
+
+@cache_app.command("acl-rules")
+def cache_acl_rules(
+    namespace: Annotated[
+        str,
+        typer.Option(
+            help="The cache namespace the user may use, or a pattern: '<owner>.*' covers"
+            " every version of one deployment."
+        ),
+    ],
+) -> None:
+    """Print the ACL SETUSER rules that confine a Redis user to one cache namespace or one
+    deployment's (for its rankers and purge Jobs on a Redis shared with others)."""
+    from kvrank.cache import acl_rules
+
+    typer.echo(" ".join(acl_rules(namespace)))
 
 
 @cache_app.command("invalidate")

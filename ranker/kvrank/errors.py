@@ -46,8 +46,13 @@ class IncompatibleKVError(KvrankError, ValueError):
 class CorruptEntryError(KvrankError, ValueError):
     """Serialised K/V bytes failed validation: truncated, bad header or checksum.
 
-    Raised by deserialisation only; every cache tier turns it into a miss.
+    Raised by deserialisation only; every cache tier turns it into a miss, counted under
+    ``reason`` (:class:`kvrank.cache.entry.Reason`: what kind of entry it was).
     """
+
+    def __init__(self, message: str, reason: str = "payload") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ArtifactError(KvrankError, OSError):

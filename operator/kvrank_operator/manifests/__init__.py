@@ -10,8 +10,10 @@ lists everything that should exist now (the reconcilers' apply sets).
 from kvrank_operator.manifests.common import (
     ADMIN_ACCESS_LABEL,
     CONFIG_FILE,
+    ENTRY_SECRET_FILE,
     REDIS_PORT,
     deployment_name,
+    entry_secret_name,
     labels,
     password_secret,
     ranker_selector,
@@ -42,6 +44,7 @@ from kvrank_operator.manifests.router import pods_service, router_name, router_o
 __all__ = [
     "ADMIN_ACCESS_LABEL",
     "CONFIG_FILE",
+    "ENTRY_SECRET_FILE",
     "POD_MONITOR_API",
     "PROMETHEUS_SELECTOR",
     "REDIS_PORT",
@@ -53,6 +56,7 @@ __all__ = [
     "deployment_name",
     "desired_rankers",
     "desired_redis",
+    "entry_secret_name",
     "labels",
     "managed_redis",
     "network_policies",

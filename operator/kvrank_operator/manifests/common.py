@@ -12,6 +12,8 @@ NAME = "kvrank-ranker"
 CONFIG_MOUNT = "/etc/kvrank"
 CONFIG_FILE = f"{CONFIG_MOUNT}/ranker.yaml"
 PASSWORD_FILE = f"{CONFIG_MOUNT}/redis/password"
+ENTRY_SECRET_FILE = f"{CONFIG_MOUNT}/cache-key/secret"
+"""Where rankers read the deployment's cache-entry secret (its Secret: :func:`entry_secret`)."""
 MODEL_CACHE_MOUNT = "/var/cache/kvrank"
 REDIS_PORT = 6379
 TLS_DIR = "/run/redis-tls"
@@ -162,6 +164,27 @@ def tls_ca_mount(instance: str, r: RedisSpec) -> tuple[dict[str, Any], dict[str,
     items = [{"key": CA_FILE, "path": CA_FILE}]
     volume = {"name": "redis-tls", "secret": {"secretName": secret, "items": items}}
     return volume, {"name": "redis-tls", "mountPath": TLS_DIR, "readOnly": True}
+
+
+def entry_secret_name(instance: str) -> str:
+    """The Secret holding ``instance``'s cache-entry secret (key ``secret``)."""
+    return f"{instance}-cache-key"
+
+
+def entry_secret(instance: str, namespace: str, secret: str) -> dict[str, Any]:
+    """The cache-entry secret every ranker pod of ``instance`` (every version) tags and checks
+    its L2 entries with: a pod of another RankerDeployment, or anyone holding only the Redis
+    password, cannot make an entry these pods serve. Created once, never replaced by the
+    operator; to rotate it, put a new secret on the first line of the key ``secret`` and keep
+    the old one on the second until every pod has restarted."""
+    meta = {"name": entry_secret_name(instance), "namespace": namespace, "labels": labels(instance)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "stringData": {"secret": secret},
+    }
 
 
 def password_secret(spec: RankerSpec, instance: str) -> tuple[str, str] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvrank_operator.manifests.common import entry_secret
 from kvrank_operator.manifests.ranker import (
     config_map,
     deployment,
@@ -35,12 +36,16 @@ class Desired:
 
 
 def desired_rankers(
-    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None
+    spec: RankerSpec, instance: str, namespace: str, ttl_s: float | None, entry_key: str
 ) -> list[Desired]:
-    """The serving side: the ranker ConfigMap (with the TTL in force), one Deployment per
-    live model version, the Services, the PodDisruptionBudget and the NetworkPolicies (of the
+    """The serving side: the cache-entry secret (``entry_key``: used only if its Secret does
+    not exist yet), the ranker ConfigMap (with the TTL in force), one Deployment per live
+    model version, the Services, the PodDisruptionBudget and the NetworkPolicies (of the
     rankers and the Jobs), in the order they are applied."""
-    out = [Desired(config_map(spec, instance, namespace, ttl_s))]
+    out = [
+        Desired(entry_secret(instance, namespace, entry_key), create_only=True),
+        Desired(config_map(spec, instance, namespace, ttl_s)),
+    ]
     for version, role in spec.versions():
         uri, sha256 = spec.artifact_of(role)
         replicas = spec.replicas_of(role)

@@ -16,6 +16,7 @@ from kvrank_operator.manifests.common import (
     ADMIN_PORT,
     CONFIG_FILE,
     CONFIG_MOUNT,
+    ENTRY_SECRET_FILE,
     MODEL_CACHE_MOUNT,
     NO_API_TOKEN,
     PASSWORD_FILE,
@@ -23,6 +24,7 @@ from kvrank_operator.manifests.common import (
     PURGE_RESOURCES,
     TLS_CA_FILE,
     deployment_name,
+    entry_secret_name,
     labels,
     network_policy,
     password_secret,
@@ -58,6 +60,7 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
     doc = {
         "l1_bytes": spec.cache.l1_bytes,
         "kv_dtype": spec.cache.kv_dtype,
+        "entry_secret_file": ENTRY_SECRET_FILE,
         "redis": redis,
         "ttl": spec.ttl.ranker_settings(fixed),
     }
@@ -129,7 +132,7 @@ def deployment(
                         "prometheus.io/port": str(spec.port),
                     },
                 },
-                "spec": ranker_pod(spec, instance, version, uri, sha256, role),
+                "spec": ranker_pod(spec, instance, namespace, version, uri, sha256, role),
             },
         },
     }
@@ -138,6 +141,7 @@ def deployment(
 def ranker_pod(
     spec: RankerSpec,
     instance: str,
+    namespace: str,
     version: str,
     uri: str,
     sha256: str | None = None,
@@ -155,7 +159,11 @@ def ranker_pod(
     if knobs.fs_group is not None:
         security["fsGroup"] = knobs.fs_group
     ranker = _container(
-        spec, spec.image_of(role), _env(spec, version, uri, sha256), mounts, resources
+        spec,
+        spec.image_of(role),
+        _env(spec, namespace_for(instance, namespace, version), version, uri, sha256),
+        mounts,
+        resources,
     )
     proxied = spec.admission.queue_proxy.enabled
     pod: dict[str, Any] = {
@@ -188,7 +196,9 @@ def ranker_pod(
     return pod
 
 
-def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[dict[str, Any]]:
+def _env(
+    spec: RankerSpec, cache_namespace: str, version: str, uri: str, sha256: str | None
+) -> list[dict[str, Any]]:
     """The ranker's settings that differ per version (the rest is in the config file)."""
     checksum = [{"name": "KVRANK_MODEL_SHA256", "value": sha256}] if sha256 else []
     # a pod given a GPU computes on it, and exits saying so when it cannot see one; without
@@ -200,7 +210,7 @@ def _env(spec: RankerSpec, version: str, uri: str, sha256: str | None) -> list[d
         *checksum,
         *device,
         {"name": "KVRANK_MODEL_DIR", "value": uri},
-        {"name": "KVRANK_NAMESPACE", "value": namespace_for(version)},
+        {"name": "KVRANK_NAMESPACE", "value": cache_namespace},
         {"name": "KVRANK_MODEL_VERSION", "value": version},
         {"name": "KVRANK_CONFIG_FILE", "value": CONFIG_FILE},
         {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
@@ -227,7 +237,7 @@ def _volumes(
     spec: RankerSpec, instance: str, download_limit: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): config, a download folder bounded by ``download_limit``, the model
-    volume, the Redis password."""
+    volume, the cache-entry secret, the Redis password."""
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{instance}-config"}},
         # artifacts given by URL are downloaded here (the root filesystem is read-only)
@@ -240,6 +250,12 @@ def _volumes(
     if spec.model.volume:
         volumes.append({"name": "models", **spec.model.volume})
         mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+    entry = {
+        "secretName": entry_secret_name(instance),
+        "items": [{"key": "secret", "path": "secret"}],
+    }
+    volumes.append({"name": "cache-key", "secret": entry})
+    mounts.append({"name": "cache-key", "mountPath": f"{CONFIG_MOUNT}/cache-key", "readOnly": True})
     secret = password_secret(spec, instance)
     if secret:
         items = [{"key": secret[1], "path": "password"}]

@@ -115,7 +115,11 @@ def managed_redis(
         _bootstrap_job(
             r, instance, namespace, obj("batch/v1", "Job", "-bootstrap")["metadata"], uid
         ),
-        obj("networking.k8s.io/v1", "NetworkPolicy", spec=_network_policy(instance, rl)),
+        obj(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            spec=_network_policy(instance, rl, spec.operator_namespace),
+        ),
         obj(
             "policy/v1",
             "PodDisruptionBudget",
@@ -294,8 +298,11 @@ def _bootstrap_job(
     }
 
 
-def _network_policy(instance: str, rl: dict[str, str]) -> dict[str, Any]:
-    """Redis answers only this instance's rankers, its own nodes, its Jobs and the operator."""
+def _network_policy(
+    instance: str, rl: dict[str, str], operator_namespace: str | None
+) -> dict[str, Any]:
+    """Redis answers only this instance's rankers, its own nodes, its Jobs and the operator
+    (from its own namespace when known: a pod labelled as the operator elsewhere is not it)."""
     peers: list[dict[str, Any]] = [
         {
             "podSelector": {
@@ -308,7 +315,10 @@ def _network_policy(instance: str, rl: dict[str, str]) -> dict[str, Any]:
         for c in ("ranker", "redis", "redis-bootstrap", "purge")
     ]
     operator = {"matchLabels": {OPERATOR_POD_LABEL: "true"}}  # the chart's operator pods
-    peers.append({"namespaceSelector": {}, "podSelector": operator})
+    where: dict[str, Any] = {}
+    if operator_namespace:
+        where = {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+    peers.append({"namespaceSelector": where, "podSelector": operator})
     return {
         "podSelector": {"matchLabels": rl},
         "policyTypes": ["Ingress"],

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from kvrank_operator.kube import Kube
+from kvrank_operator.manifests.desired import Desired
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, Instance, Status
 
@@ -49,3 +50,15 @@ class Report:
             self.events + other.events,
             min(self.due_in, other.due_in),
         )
+
+
+def send(p: Pass, desired: list[Desired]) -> list[Desired]:
+    """Apply each desired object, and create each create-only one that is absent (never
+    updating it); the create-only ones created now."""
+    created = []
+    for d in desired:
+        if not d.create_only:
+            p.kube.apply(d.obj, p.instance.owner)
+        elif p.kube.create_if_absent(d.obj, p.instance.owner):
+            created.append(d)
+    return created

@@ -1,4 +1,5 @@
-"""Cache namespaces: one per live model version, retired and purged once it is gone.
+"""Cache namespaces: one per live model version of a deployment, retired and purged once
+the version is gone.
 
 A live version's namespace is ``ACTIVE``. A version that leaves the spec retires its
 namespace: a stable's is kept for ``cache.retiredNamespaceGraceSeconds`` (a rollback within
@@ -28,29 +29,39 @@ def reconcile(
     p: Pass, live: RankerSpec, seen: Observed
 ) -> tuple[tuple[CacheNamespace, ...], Report]:
     events: list[Event] = []
-    versions = dict(live.versions())
-    entries = _activate(p.prior.cache_namespaces, versions, p.now, events)
-    entries = [e if e.version in versions else _step(p, live, e, seen, events) for e in entries]
+    wanted = {
+        namespace_for(p.instance.name, p.instance.namespace, version): (version, role)
+        for version, role in live.versions()
+    }
+    entries = _activate(p, wanted, events)
+    entries = [e if e.namespace in wanted else _step(p, live, e, seen, events) for e in entries]
     due = [d for e in entries if (d := e.purge_due_in(p.now)) is not None]
     return tuple(entries), Report(events=tuple(events), due_in=min(due, default=math.inf))
 
 
 def _activate(
-    entries: tuple[CacheNamespace, ...], live: dict[str, str], now: dt.datetime, events: list[Event]
+    p: Pass, wanted: dict[str, tuple[str, str]], events: list[Event]
 ) -> list[CacheNamespace]:
-    """Every live version with an active namespace in its current role; a version back
-    after its namespace retired starts a new one."""
-    kept = [
-        dataclasses.replace(e, role=live[e.version]) if e.version in live else e
-        for e in entries
-        if e.version not in live or e.state is ACTIVE
-    ]
-    active = {e.version for e in kept if e.state is ACTIVE}
-    for version, role in live.items():
-        if version in active:
+    """Every live version's namespace active in its current role. A version back after
+    its namespace retired finds it again (warm within the grace period); a purge of it
+    still running is stopped first (it would delete the new entries). A namespace named
+    otherwise than it is now (an older operator's naming) is no longer wanted: it retires
+    like any other, once no pod writes into it."""
+    kept: list[CacheNamespace] = []
+    for e in p.prior.cache_namespaces:
+        if e.namespace not in wanted:
+            kept.append(e)
+        elif e.state is ACTIVE:
+            kept.append(dataclasses.replace(e, role=wanted[e.namespace][1]))
+        elif e.state is PURGING and e.job:
+            p.kube.delete("batch/v1", "Job", p.instance.namespace, e.job)
+            why = f"purge of namespace {e.namespace} stopped (Job {e.job}): its version is back"
+            events.append(("Normal", "CachePurgeStopped", why))
+    active = {e.namespace for e in kept if e.state is ACTIVE}
+    for namespace, (version, role) in wanted.items():
+        if namespace in active:
             continue
-        namespace = namespace_for(version)
-        kept.append(CacheNamespace(version, namespace, role, ACTIVE, iso(now)))
+        kept.append(CacheNamespace(version, namespace, role, ACTIVE, iso(p.now)))
         why = f"{role} version {version} uses namespace {namespace}"
         events.append(("Normal", "CacheNamespaceActive", why))
     return kept
@@ -59,12 +70,12 @@ def _activate(
 def _step(
     p: Pass, live: RankerSpec, e: CacheNamespace, seen: Observed, events: list[Event]
 ) -> CacheNamespace:
-    """A namespace of a version no longer live, one state further where one is due."""
+    """A namespace no live version uses, one state further where one is due."""
     if e.state is ACTIVE:
         e = _retire(live, e, p.now, events)
-    if e.state is RETIRED and e.version in seen.serving:
-        # a pod of the retired version (even one draining) would write new entries into
-        # the namespace after the purge: the grace period counts from its last pod
+    if e.state is RETIRED and e.namespace in seen.writing:
+        # a pod writing into it (even one draining) would leave new entries after the
+        # purge: the grace period counts from its last pod
         return dataclasses.replace(e, purge_after=_purge_after(live, e, p.now))
     if e.state is RETIRED and parse_iso(e.purge_after or e.since) <= p.now:
         job = m.purge_job(live, p.instance.name, p.instance.namespace, e.namespace, e.since)

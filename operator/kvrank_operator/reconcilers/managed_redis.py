@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import redis_tls
-from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.reconcilers.base import Event, Pass, Report, send
 from kvrank_operator.reconcilers.observe import ObservedRedis
 from kvrank_operator.redis_cluster import Health
 from kvrank_operator.state import ConditionUpdate
@@ -27,14 +27,13 @@ Health`` (and heal a step)."""
 def apply(p: Pass) -> Report:
     name, ns = p.instance.name, p.instance.namespace
     password = secrets.token_urlsafe(24)  # used only if its Secret does not exist yet
-    events: list[Event] = []
-    for d in m.desired_redis(p.spec, name, ns, password, _new_tls(p)):
-        if not d.create_only:
-            p.kube.apply(d.obj, p.instance.owner)
-        elif p.kube.create_if_absent(d.obj, p.instance.owner) and d.kind == "Secret":
-            why = f"generated Secret {d.obj['metadata']['name']}"
-            events.append(("Normal", "RedisPasswordCreated", why))
-    return Report(events=tuple(events))
+    created = send(p, m.desired_redis(p.spec, name, ns, password, _new_tls(p)))
+    events: tuple[Event, ...] = tuple(
+        ("Normal", "RedisPasswordCreated", f"generated Secret {d.obj['metadata']['name']}")
+        for d in created
+        if d.kind == "Secret"
+    )
+    return Report(events=events)
 
 
 def _new_tls(p: Pass) -> dict[str, str] | None:

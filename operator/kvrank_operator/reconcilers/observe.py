@@ -33,8 +33,9 @@ class ObservedRedis:
 class Observed:
     deployments: dict[str, dict[str, Any]]
     """model version → its Deployment (old ones included)."""
-    serving: set[str]
-    """Versions that still have pods, draining ones included."""
+    writing: set[str]
+    """Cache namespaces some pod still writes into (its ``KVRANK_NAMESPACE``), draining
+    pods included."""
     start_failures: dict[str, str]
     """version → why one of its pods failed to start (its termination message's last line)."""
     finished_jobs: set[str]
@@ -75,7 +76,7 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         for d in kube.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
     }
     pods = kube.list("v1", "Pod", ns, m.labels(name))
-    serving = {str(p["metadata"]["labels"].get("kvrank.io/version")) for p in pods}
+    writing = {cache_ns for p in pods if (cache_ns := cache_namespace(p)) is not None}
     failures = {
         str(p["metadata"]["labels"].get("kvrank.io/version")): why
         for p in pods
@@ -87,7 +88,16 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         if (j.get("status") or {}).get("succeeded")
     }
     redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
-    return Observed(deployments, serving, failures, finished, redis)
+    return Observed(deployments, writing, failures, finished, redis)
+
+
+def cache_namespace(pod: dict[str, Any]) -> str | None:
+    """The cache namespace a ranker pod writes into, as its spec sets it."""
+    for container in pod.get("spec", {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == "KVRANK_NAMESPACE" and env.get("value"):
+                return str(env["value"])
+    return None
 
 
 def start_failure(pod: dict[str, Any]) -> str | None:

@@ -9,16 +9,27 @@ with the counts ``kubectl get`` and the scale subresource read.
 
 from __future__ import annotations
 
+import secrets
+
 from kvrank_operator import manifests as m
-from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.reconcilers.base import Event, Pass, Report, send
 from kvrank_operator.reconcilers.observe import Observed
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, Serving, VersionStatus
 
 
-def apply(p: Pass, live: RankerSpec, ttl_s: float | None) -> None:
-    for d in m.desired_rankers(live, p.instance.name, p.instance.namespace, ttl_s):
-        p.kube.apply(d.obj, p.instance.owner)
+def apply(p: Pass, live: RankerSpec, ttl_s: float | None) -> Report:
+    entry_key = secrets.token_urlsafe(32)  # used only if its Secret does not exist yet
+    desired = m.desired_rankers(live, p.instance.name, p.instance.namespace, ttl_s, entry_key)
+    events: tuple[Event, ...] = tuple(
+        (
+            "Normal",
+            "CacheKeyCreated",
+            f"generated Secret {d.obj['metadata']['name']} (the cache-entry secret)",
+        )
+        for d in send(p, desired)
+    )
+    return Report(events=events)
 
 
 def reconcile(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Serving, Report]:

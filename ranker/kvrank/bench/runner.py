@@ -465,12 +465,7 @@ def _print(r: dict[str, Any]) -> None:
     console.print(
         "KV bytes per user: " + ", ".join(f"{k} {v:,}" for k, v in r["kv_bytes_per_user"].items())
     )
-    for name, rt in r["l2_round_trip"].items():
-        console.print(
-            f"L2 round trip {name}: {rt['entry_bytes']:,} B, put p50 {rt['put_p50_ms']:.2f} ms,"
-            f" get p50 {rt['get_p50_ms']:.2f} ms, get p99 {rt['get_p99_ms']:.2f} ms"
-            f" (plain asyncio GET of the bytes: p50 {rt['plain_asyncio_get_p50_ms']:.2f} ms)"
-        )
+    _print_l2(r["l2_round_trip"])
     for row in r["drift"]:
         console.print(
             f"drift after {int(row['increments'])} sliding increments: max |Δlogit|"
@@ -482,6 +477,17 @@ def _print(r: dict[str, Any]) -> None:
             f"approximate increments ×{int(row['increments'])}: AUC {row['auc_exact']:.4f} →"
             f" {row['auc_approximate']:.4f} (Δ {row['auc_delta']:+.5f}), max |Δlogit|"
             f" {row['max_abs_logit_diff']:.2e} — model: {escape(inc['model'])}"
+        )
+
+
+def _print_l2(round_trips: dict[str, dict[str, Any]]) -> None:
+    for name, rt in round_trips.items():
+        console.print(
+            f"L2 round trip {name}: {rt['entry_bytes']:,} B, put p50 {rt['put_p50_ms']:.2f} ms,"
+            f" get p50 {rt['get_p50_ms']:.2f} ms, get p99 {rt['get_p99_ms']:.2f} ms"
+            f" (plain asyncio GET of the bytes: p50 {rt['plain_asyncio_get_p50_ms']:.2f} ms);"
+            f" opening it (checks, tag, tensors) {rt['open_p50_ms']:.3f} ms, the tag alone"
+            f" {rt['tag_p50_ms']:.3f} ms = {rt['tag_share_of_get']:.1%} of the get"
         )
 
 

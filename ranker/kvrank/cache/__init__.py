@@ -4,15 +4,16 @@ This package's names below are its whole surface: the service and the tools impo
 ``kvrank.cache`` only (an import contract holds them to it). Inside, data flows one way:
 ``tiered`` composes a list of stores that share one interface (``store``) and a separate
 cross-pod lock (``lock``): ``l1`` keeps ``UserKV`` objects on the model's device,
-``redis_store`` keeps the bytes made by ``entry`` and locks; ``compose`` builds the usual
+``redis_store`` keeps the bytes ``entry`` seals (bound to their key and model,
+authenticated with the deployment's secret) and locks; ``compose`` builds the usual
 pair. Every
 tier failure is a miss, never an exception that reaches a request.
 """
 
 from kvrank.cache.compose import l1_and_redis
-from kvrank.cache.entry import decode_entry, encode_entry
+from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason
 from kvrank.cache.host import HostStore
-from kvrank.cache.keys import CacheKey, Head, sequence_chain
+from kvrank.cache.keys import CacheKey, Head, acl_rules, sequence_chain
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.lock import KeyLock, Lock, LockState
 from kvrank.cache.metrics import CONSTANT_LABELS, CacheCollector
@@ -40,6 +41,7 @@ __all__ = [
     "CacheSettings",
     "Created",
     "Creator",
+    "EntryCodec",
     "Head",
     "HostStore",
     "IntervalTracker",
@@ -48,17 +50,18 @@ __all__ = [
     "Lock",
     "LockState",
     "Lookup",
+    "ModelIdentity",
     "Outcome",
     "Prefix",
+    "Reason",
     "RedisSettings",
     "RedisStore",
     "Store",
     "TTLSettings",
     "Tier",
     "TieredCache",
+    "acl_rules",
     "clamp_ttl",
-    "decode_entry",
-    "encode_entry",
     "l1_and_redis",
     "purge_namespace",
     "sequence_chain",

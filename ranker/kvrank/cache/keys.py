@@ -102,6 +102,26 @@ def namespace_pattern(namespace: str) -> list[str]:
     ]
 
 
+RANKER_COMMANDS = (
+    # entries, heads and locks; a lock is released by a script; a user's entries are found
+    # by SCAN (keyless: every name is listed, only the namespace's can then be touched)
+    "+get", "+set", "+unlink", "+eval", "+evalsha", "+scan",
+    # connecting and health: the handshake, the readiness PING, a cluster client's topology
+    # and command table (redis-py's CLIENT SETINFO, Redis >= 7.2, is left refused: it
+    # ignores the refusal, and naming it fails on 7.0)
+    "+auth", "+hello", "+client|setname", "+ping",
+    "+cluster|slots", "+cluster|shards", "+command",
+)  # fmt: skip
+
+
+def acl_rules(namespace: str) -> list[str]:
+    """The ``ACL SETUSER`` rules that let a ranker (and the purge Job) use the keys of cache
+    namespace ``namespace`` and nothing else: a deployment sharing a Redis with others can
+    neither read nor overwrite their entries, nor flush, configure or list anything."""
+    keys = [f"~{pattern}" for pattern in namespace_pattern(namespace)]
+    return ["resetkeys", *keys, "resetchannels", "-@all", *RANKER_COMMANDS]
+
+
 def _digest(*parts: bytes) -> bytes:
     h = hashlib.blake2b(digest_size=HASH_BYTES)
     for p in parts:

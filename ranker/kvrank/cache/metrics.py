@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvrank.cache.entry import Reason
 from kvrank.cache.host import HostStore
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.redis_store import RedisStore
@@ -63,11 +64,15 @@ class CacheCollector(Collector):
         for (tier, result), n in sorted(self.cache.stats.lookups.items()):
             family.add_metric([*self.values, tier, result], n)
         yield family
-        yield self._counter(
+        corrupt = CounterMetricFamily(
             "kvrank_cache_corrupt_entries",
-            "L2 entries that failed validation (deleted and served as misses)",
-            self.cache.stats.corrupt,
+            "Shared-tier entries refused, by reason (deleted and served as misses)",
+            labels=[*CONSTANT_LABELS, "reason"],
         )
+        for reason in Reason:  # every reason, so a rate over a new one starts at 0
+            n = self.cache.stats.corrupt.get(reason.value, 0)
+            corrupt.add_metric([*self.values, reason.value], n)
+        yield corrupt
         yield self._counter(
             "kvrank_cache_l2_writes_dropped",
             "New entries kept in L1 only: too many L2 writes were still in flight",

@@ -25,9 +25,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from kvrank.cache.entry import decode_entry, encode_entry
+from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason, describe
 from kvrank.cache.keys import CacheKey
 from kvrank.cache.lock import NO_LOCK, KeyLock, Lock, LockState
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
@@ -113,6 +113,13 @@ LOCK_WAIT_S = 0.010
 GPU; a slow peer must never stall a request for longer."""
 
 
+A = TypeVar("A")
+R = TypeVar("R")
+OFF_LOOP_BYTES = 1 << 20
+"""Sealing or opening a production-size entry (9 MB: its tag over every byte) takes
+milliseconds; the event loop serves other requests meanwhile (the MAC releases the GIL)."""
+
+
 @dataclass(frozen=True)
 class CacheSettings:
     namespace: str
@@ -120,9 +127,18 @@ class CacheSettings:
     fingerprint: str
     """Of the model config: an entry of another architecture never decodes."""
     device: str = "cpu"
+    model_digest: str = ""
+    """Of the loaded artifact (:func:`~kvrank.model.artifact.artifact_digest`): an entry
+    of other weights under the same version never decodes."""
+    kv_dtype: str | None = None
+    """The K/V dtype this deployment stores; an entry of another is a miss (``None``: any)."""
+    secrets: tuple[bytes, ...] = field(default=(), repr=False)
+    """The deployment's entry secret(s) (:class:`~kvrank.cache.entry.EntryCodec`)."""
     lock_wait_s: float = LOCK_WAIT_S
     lock_ttl_s: float = 2.0
     """A crashed lock holder blocks others for at most this long."""
+    off_loop_bytes: int = OFF_LOOP_BYTES
+    """Entries at least this large are sealed and opened on a worker thread."""
 
 
 @dataclass
@@ -131,8 +147,9 @@ class CacheStats:
 
     lookups: dict[tuple[str, str], int] = field(default_factory=dict)
     """(tier, hit|miss) → count, for the request path's first look in each tier."""
-    corrupt: int = 0
-    """L2 entries that failed validation (deleted, served as misses)."""
+    corrupt: dict[str, int] = field(default_factory=dict)
+    """Reason (:class:`~kvrank.cache.entry.Reason`) → shared-tier entries refused (deleted,
+    served as misses)."""
     writes_dropped: int = 0
     """New entries not written to L2 because ``MAX_PENDING_WRITES`` were still in flight."""
 
@@ -161,6 +178,9 @@ class TieredCache:
         self._shared = [t for t in self.tiers if t.shared]
         assert list(self.tiers) == [*self._local, *self._shared], "local tiers come first"
         self.flight: SingleFlight[Lookup] = SingleFlight()
+        s = self.settings
+        identity = ModelIdentity(s.model_version, s.fingerprint, s.model_digest, s.kv_dtype)
+        self.codec = EntryCodec(identity, s.secrets, s.device)
         self._writes: set[asyncio.Task[None]] = set()
 
     def key(self, user_id: str, seq_hash: str) -> CacheKey:
@@ -329,7 +349,7 @@ class TieredCache:
 
     async def _put_shared(self, key: CacheKey, kv: UserKV, ttl: float, events: int) -> None:
         if self._shared:
-            data = encode_entry(kv)
+            data = await self._off_loop_if(kv.nbytes, self.codec.seal, key, kv)
             for tier in self._shared:
                 await tier.store.put(key, data, self.ttl.jittered(ttl), events)
 
@@ -374,22 +394,36 @@ class TieredCache:
         if data is None:
             return None, None
         started = time.perf_counter()
-        s = self.settings
         try:
-            kv = decode_entry(data, s.model_version, s.fingerprint, s.device)
-            if self.check is not None:
+            kv = await self._off_loop_if(len(data), self.codec.open, key, data)
+        except Exception as exc:  # bytes from a shared store: any failure is a miss
+            reason = exc.reason if isinstance(exc, CorruptEntryError) else Reason.PAYLOAD.value
+            return await self._refused(tier, key, reason, exc, started)
+        if self.check is not None:
+            try:
                 self.check(kv)
-        except Exception as exc:  # bytes from a shared store: any failure is a corrupt entry
-            self.stats.corrupt += 1
-            log.warning("corrupt entry %s dropped: %s", key.to_string(), _reason(exc))
-            await tier.store.delete(key)
-            return None, _ms(started)
+            except Exception as exc:  # the model refused the state it would be handed
+                return await self._refused(tier, key, Reason.CHECK.value, exc, started)
         return kv, _ms(started)
 
+    async def _off_loop_if(
+        self, size: int, fn: Callable[[CacheKey, A], R], key: CacheKey, arg: A
+    ) -> R:
+        """``fn(key, arg)``, on a worker thread when ``size`` bytes make it worth the hop."""
+        if size >= self.settings.off_loop_bytes:
+            return await asyncio.to_thread(fn, key, arg)
+        return fn(key, arg)
 
-def _reason(exc: Exception) -> str:
-    text = str(exc) if isinstance(exc, CorruptEntryError) else f"{type(exc).__name__}: {exc}"
-    return text[:200]
+    async def _refused(
+        self, tier: Tier, key: CacheKey, reason: str, exc: Exception, started: float
+    ) -> tuple[None, float]:
+        """An entry not served: counted by reason, logged once per reason, deleted."""
+        corrupt = self.stats.corrupt
+        corrupt[reason] = corrupt.get(reason, 0) + 1
+        log_it = log.warning if corrupt[reason] == 1 else log.debug
+        log_it("entry %s refused (%s): %s", key.to_string(), reason, describe(exc))
+        await tier.store.delete(key)
+        return None, _ms(started)
 
 
 def _ms(start: float) -> float:

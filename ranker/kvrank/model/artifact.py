@@ -9,13 +9,15 @@ is an :class:`ArtifactError`, never a partial model.
 An artifact lives in a directory, behind an ``http(s)://`` URL or under an ``s3://bucket/
 prefix`` or ``gs://bucket/prefix`` (the directory's two files under it), which
 :func:`resolve_artifact` downloads once into a local cache, retrying what a network or a
-store drops. When the deployment names the weights' SHA-256, a download that does not match
-is never cached and a directory that does not match is refused.
+store drops. When the deployment names the artifact's SHA-256 (:func:`artifact_sha256`:
+config and weights), a download that does not match is never cached and a directory that
+does not match is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -32,6 +34,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from kvrank import __version__
 from kvrank.errors import ArtifactError
 from kvrank.model import onetrans, registry
 from kvrank.model.contract import CacheableRanker
@@ -53,6 +56,8 @@ DOWNLOAD_BACKOFF_S = 1.0
 OBJECT_STORES = ("s3://", "gs://")
 """Schemes fetched through obstore (Rust's object_store), each with its cloud's credentials."""
 SCHEMES = ("http://", "https://", *OBJECT_STORES)
+ARTIFACT_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+"""What an artifact is, and what its checksum covers."""
 
 
 def save_model(model: RankerModel, directory: Path, extra: dict[str, object] | None = None) -> Path:
@@ -170,6 +175,65 @@ def load_ranker(directory: Path, device: str | torch.device = "cpu") -> Cacheabl
     return model
 
 
+def artifact_digest(directory: Path) -> str:
+    """A digest of what makes the artifact's model compute what it computes: its files
+    (:func:`artifact_sha256`) and the code that builds it (the providing distribution's name,
+    version and installed-file list with its hashes; kvrank's version for the built-in
+    ranker). Retrained weights, an edited config or changed plugin code under the same
+    version label give another digest, so their cache entries never mix."""
+    doc = read_config(directory)
+    h = hashlib.sha256(artifact_sha256(directory).encode())
+    if doc["format"] == ARTIFACT_FORMAT:
+        code = f"kvrank {__version__}"
+    else:
+        arch = registry.get(str(doc["architecture"]))
+        code = f"{arch.name} {arch.distribution} {arch.version} {_record(arch.distribution)}"
+    h.update(code.encode())
+    return h.hexdigest()[:32]
+
+
+def artifact_sha256(directory: Path) -> str:
+    """The artifact's checksum, what ``model_sha256`` pins: the SHA-256 of its manifest, one
+    ``<sha256>  <name>`` line per file (``config.json``, then ``model.safetensors``) — what
+    ``sha256sum config.json model.safetensors | sha256sum`` prints in its directory, and
+    ``kvrank model-digest`` prints. An edited config is another artifact, as retrained
+    weights are."""
+    return hashlib.sha256(_manifest(directory).encode()).hexdigest()
+
+
+def _manifest(directory: Path) -> str:
+    return "".join(f"{file_sha256(directory / name)}  {name}\n" for name in ARTIFACT_FILES)
+
+
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256 (hex), computed once per file as it is on disk (~1 s per GB): the
+    weights are read once at load, though the checksum (on the download, before it is moved
+    into the cache) and the cache identity both need them. Known by device, inode, size and
+    modification time, which a rename keeps."""
+    st = path.stat()
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity not in _DIGESTS:
+        if len(_DIGESTS) >= 64:
+            _DIGESTS.clear()
+        with path.open("rb") as f:
+            _DIGESTS[identity] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DIGESTS[identity]
+
+
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+
+
+def _record(distribution: str | None) -> str:
+    """The distribution's installed files with their hashes (pip's RECORD): any code change
+    that was installed changes it."""
+    if distribution is None:
+        return ""
+    try:
+        return importlib.metadata.distribution(distribution).read_text("RECORD") or ""
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 def _check_provider(arch: registry.Architecture, provider: object, directory: Path) -> None:
     """The artifact must be loaded by the distribution and version that wrote it: another
     version's code may read the same weights differently."""
@@ -195,12 +259,12 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
     are downloaded (once: a complete download is reused) into ``cache_dir/<digest of the
     URL>``. A partial download never looks complete.
 
-    ``sha256``: the expected SHA-256 (hex) of the weights file, checked on whatever is
-    returned (a mismatching download is discarded before it is cached).
+    ``sha256``: the expected :func:`artifact_sha256` (hex), checked on whatever is returned
+    (a mismatching download is discarded before it is cached).
     """
     if not is_url(location):
         if sha256 is not None:
-            verify_weights(Path(location), sha256, location)
+            verify_artifact(Path(location), sha256, location)
         return Path(location)
     if not location.startswith(SCHEMES):
         scheme = location.split("://", 1)[0]
@@ -213,7 +277,7 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
     target = cache_dir / hashlib.sha256(location.encode()).hexdigest()[:16]
     if (target / CONFIG_FILE).is_file() and (target / WEIGHTS_FILE).is_file():
         if sha256 is not None:
-            verify_weights(target, sha256, location)
+            verify_artifact(target, sha256, location)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=cache_dir))
@@ -221,7 +285,7 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             fetch(f"{location.rstrip('/')}/{name}", staging / name)
         if sha256 is not None:
-            verify_weights(staging, sha256, location)
+            verify_artifact(staging, sha256, location)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     finally:
@@ -229,22 +293,25 @@ def resolve_artifact(location: str, cache_dir: Path, sha256: str | None = None) 
     return target
 
 
-def verify_weights(directory: Path, sha256: str, location: str) -> None:
-    """``ArtifactError`` unless the weights file's SHA-256 is ``sha256``."""
-    digest = hashlib.sha256()
+def verify_artifact(directory: Path, sha256: str, location: str) -> None:
+    """``ArtifactError`` unless the artifact's :func:`artifact_sha256` is ``sha256``."""
     try:
-        with (directory / WEIGHTS_FILE).open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        digest = artifact_sha256(directory)
     except OSError as exc:
-        raise ArtifactError(
-            f"model artifact {location}: cannot read {WEIGHTS_FILE}: {exc}"
-        ) from exc
-    if digest.hexdigest() != sha256.lower():
-        raise ArtifactError(
-            f"model artifact {location}: {WEIGHTS_FILE} has sha256 {digest.hexdigest()},"
-            f" expected {sha256.lower()} (model_sha256)"
+        raise ArtifactError(f"model artifact {location}: cannot read it: {exc}") from exc
+    want = sha256.lower()
+    if digest == want:
+        return
+    hint = ""
+    if file_sha256(directory / WEIGHTS_FILE) == want:
+        hint = (
+            f"; {want[:12]}… is {WEIGHTS_FILE}'s own: the checksum covers {CONFIG_FILE} too"
+            " (`kvrank model-digest DIR` prints it)"
         )
+    raise ArtifactError(
+        f"model artifact {location}: has sha256 {digest} ({' and '.join(ARTIFACT_FILES)}),"
+        f" expected {want} (model_sha256){hint}"
+    )
 
 
 def _download(url: str, dest: Path) -> None:

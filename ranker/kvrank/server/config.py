@@ -6,8 +6,9 @@ Every field is also an environment variable: ``KVRANK_<FIELD>`` for top-level fi
 ``KVRANK_<SECTION>_<FIELD>`` inside a section (``KVRANK_REDIS_URL``,
 ``KVRANK_TTL_FIXED_SECONDS``), so the names cannot drift from the fields. The file is
 watched while serving: changes to its ``ttl`` and ``shadow`` sections (the operator writes
-them) apply without a restart. Secrets (the Redis password) come from ``KVRANK_REDIS_PASSWORD`` or a
-mounted Secret file, never from the config file.
+them) apply without a restart. Secrets (the Redis password, the cache-entry secret) come from
+``KVRANK_REDIS_PASSWORD`` / ``KVRANK_ENTRY_SECRET`` or a mounted Secret file, never from the
+config file.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class ServerConfig(BaseSettings):
     model_sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-fA-F]{64}$",
-        description="SHA-256 of the artifact's model.safetensors: checked after download"
-        " (a mismatch is never cached) and on a local directory.",
+        description="SHA-256 of the artifact (config.json and model.safetensors: what"
+        " `kvrank model-digest DIR` prints): checked after download (a mismatch is never"
+        " cached) and on a local directory.",
     )
     device: str = Field(
         "auto",
@@ -99,6 +101,17 @@ class ServerConfig(BaseSettings):
         " the event loop with them.",
     )
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    entry_secret_file: str | None = Field(
+        None,
+        description="File holding the deployment's cache-entry secret (a Secret; the operator"
+        " creates one per RankerDeployment): every L2 entry carries a tag keyed by it, and"
+        " an entry whose tag does not verify is a miss. One secret per line: the first seals,"
+        " every one opens (to rotate, put the new one first, roll the pods, then drop the old)."
+        " Unset: entries are bound to their key and model but not authenticated.",
+    )
+    entry_secret: SecretStr | None = Field(
+        None, exclude=True, description="From KVRANK_ENTRY_SECRET only (never the file)."
+    )
     kv_dtype: KVDType | None = None
     l1_bytes: int = Field(L1_BYTES_DEFAULT, ge=0)
     host_bytes: int = Field(
@@ -219,6 +232,8 @@ class _ConfigFile(PydanticBaseSettingsSource):
         doc = read_file(path)
         if "password" in (doc.get("redis") or {}):
             raise ValueError(f"{path}: redis.password must not be in a file; use a Secret")
+        if "entry_secret" in doc:
+            raise ValueError(f"{path}: entry_secret must not be in a file; use a Secret")
         return {**doc, "config_file": str(path)}
 
 
@@ -254,3 +269,23 @@ def redis_password(cfg: RedisConfig) -> str | None:
     if cfg.password_file:
         return Path(cfg.password_file).read_text().strip()
     return cfg.password.get_secret_value() if cfg.password else None
+
+
+MIN_SECRET_BYTES = 16
+
+
+def entry_secrets(cfg: ServerConfig) -> tuple[bytes, ...]:
+    """The cache-entry secrets, the sealing one first (empty: none configured)."""
+    if cfg.entry_secret_file:
+        lines = Path(cfg.entry_secret_file).read_text().splitlines()
+        field = "entry_secret_file"
+    elif cfg.entry_secret:
+        lines, field = cfg.entry_secret.get_secret_value().splitlines(), "entry_secret"
+    else:
+        return ()
+    secrets = tuple(line.strip().encode() for line in lines if line.strip())
+    if not secrets or min(map(len, secrets)) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"{field}: every secret (one per line) must have at least {MIN_SECRET_BYTES} bytes"
+        )
+    return secrets

@@ -26,12 +26,13 @@ from kvrank.cache import (
 from kvrank.cpus import usable_cpus
 from kvrank.errors import ArtifactError
 from kvrank.metrics import Metrics
-from kvrank.model.artifact import load_ranker, resolve_artifact
+from kvrank.model.artifact import artifact_digest, load_ranker, resolve_artifact
 from kvrank.model.checks import CheckPlan, check_model
 from kvrank.model.contract import CacheableRanker
 from kvrank.model.device import resolve_device
 from kvrank.model.golden import load_golden
-from kvrank.server.config import ServerConfig, redis_password
+from kvrank.model.kv import TORCH_DTYPES
+from kvrank.server.config import ServerConfig, entry_secrets, redis_password
 from kvrank.service import RankingService
 
 log = logging.getLogger("kvrank.server")
@@ -55,6 +56,9 @@ def build_service(cfg: ServerConfig) -> RankingService:
         model.fingerprint(),
         str(device),
         lock_wait_s=cfg.lock_wait_ms / 1e3,
+        model_digest=artifact_digest(local),
+        kv_dtype=cfg.kv_dtype or _weights_dtype(model),
+        secrets=entry_secrets(cfg),
     )
     l1, l2 = L1Store(cfg.l1_bytes), _l2(cfg)
     host = HostStore(cfg.host_bytes, str(device)) if cfg.host_bytes else None
@@ -77,6 +81,14 @@ def _check_identity(cfg: ServerConfig, model: CacheableRanker) -> None:
         raise ArtifactError(
             f"kv_dtype={cfg.kv_dtype!r}: this model offers {sorted(model.kv_dtypes)} only"
         )
+
+
+def _weights_dtype(model: CacheableRanker) -> str | None:
+    """What the model stores K/V in when asked for no dtype: its weights' (``None``: mixed,
+    entries of any dtype are then opened, and still checked by the model)."""
+    dtypes = {p.dtype for p in model.module.parameters() if p.is_floating_point()}
+    names = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+    return names.get(dtypes.pop()) if len(dtypes) == 1 else None
 
 
 def _check(cfg: ServerConfig, model: CacheableRanker, local: Path) -> None:

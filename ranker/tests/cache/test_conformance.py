@@ -15,15 +15,15 @@ import torch
 
 from kvrank.cache import (
     CacheKey,
+    EntryCodec,
     Head,
     HostStore,
     L1Store,
+    ModelIdentity,
     RedisSettings,
     RedisStore,
     Store,
-    encode_entry,
 )
-from kvrank.cache.entry import decode_entry
 from kvrank.model.kv import UserKV
 
 
@@ -33,8 +33,8 @@ class Tier:
 
     name: str
     store: Store[Any]
-    to_value: Callable[[UserKV], Any]
-    to_kv: Callable[[Any], UserKV]
+    to_value: Callable[[CacheKey, UserKV], Any]
+    to_kv: Callable[[CacheKey, Any], UserKV]
 
 
 THREADED = {"threaded_read_bytes": 0}
@@ -51,24 +51,29 @@ THREADED = {"threaded_read_bytes": 0}
         "redis-cluster-threaded-reads",
     ]
 )
-async def tier(request, model, redis_server, redis_cluster) -> AsyncIterator[Tier]:
+async def tier(request, model, redis_server, redis_cluster, patient_s) -> AsyncIterator[Tier]:
     fp = model.cfg.fingerprint()
     if request.param == "l1":
-        yield Tier("l1", L1Store(budget_bytes=10_000_000), lambda kv: kv, lambda kv: kv)
+        yield Tier("l1", L1Store(budget_bytes=10_000_000), as_is, as_is)
         return
     if request.param == "host":
-        yield Tier("host", HostStore(budget_bytes=10_000_000), lambda kv: kv, lambda kv: kv)
+        yield Tier("host", HostStore(budget_bytes=10_000_000), as_is, as_is)
         return
     reads = THREADED if request.param.endswith("threaded-reads") else {}
     if request.param.startswith("redis-cluster"):
         redis_cluster.flush()
-        settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0, **reads)
+        settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=patient_s, **reads)
     else:
         redis_server.cli("flushall")
-        settings = RedisSettings(redis_server.url, op_timeout_s=1.0, **reads)
+        settings = RedisSettings(redis_server.url, op_timeout_s=patient_s, **reads)
     store = RedisStore(settings)
-    yield Tier(request.param, store, encode_entry, lambda data: decode_entry(data, "v1", fp))
+    codec = EntryCodec(ModelIdentity("v1", fp))
+    yield Tier(request.param, store, codec.seal, codec.open)
     await store.close()
+
+
+def as_is(key: CacheKey, kv: UserKV) -> UserKV:
+    return kv
 
 
 def key(user: str, h: str = "abc123", ns: str = "ns1") -> CacheKey:
@@ -76,12 +81,12 @@ def key(user: str, h: str = "abc123", ns: str = "ns1") -> CacheKey:
 
 
 async def put(tier: Tier, k: CacheKey, kv: UserKV, ttl_s: float = 30, events: int = 5) -> None:
-    assert await tier.store.put(k, tier.to_value(kv), ttl_s, events)
+    assert await tier.store.put(k, tier.to_value(k, kv), ttl_s, events)
 
 
 async def get(tier: Tier, k: CacheKey) -> UserKV | None:
     value = await tier.store.get(k)
-    return None if value is None else tier.to_kv(value)
+    return None if value is None else tier.to_kv(k, value)
 
 
 async def test_put_then_get_scores_identically(tier, model, factory, tiny_cfg) -> None:

@@ -61,7 +61,7 @@ def entry_bytes(model, users) -> int:
 
 @pytest.mark.parametrize("with_host", [False, True])
 async def test_a_working_set_over_l1_but_within_l1_and_host_reads_no_redis(
-    model, users, redis_server, with_host
+    model, users, redis_server, with_host, patient_s
 ) -> None:
     """6 users cycled, L1 room for 3: without the host tier every request past the first
     pass reads Redis; with room for 3 more in host memory none does."""
@@ -69,7 +69,7 @@ async def test_a_working_set_over_l1_but_within_l1_and_host_reads_no_redis(
     size = entry_bytes(model, users)
     l1 = L1Store(3 * size)
     host = HostStore(3 * size + size // 2) if with_host else None
-    l2 = RedisStore(RedisSettings(redis_server.url, op_timeout_s=1.0))
+    l2 = RedisStore(RedisSettings(redis_server.url, op_timeout_s=patient_s))
     cache = l1_and_redis(CacheSettings("ns", "v1", model.cfg.fingerprint()), l1, l2, None, host)
     try:
         first = await serve(cache, model, users, 1)
@@ -81,7 +81,7 @@ async def test_a_working_set_over_l1_but_within_l1_and_host_reads_no_redis(
             assert l2.stats.bytes_read == 0
         else:
             assert later == ["l2"] * (2 * USERS), later
-            assert l2.stats.bytes_read == 2 * USERS * len(l2_entry(model, users))
+            assert l2.stats.bytes_read == 2 * sum(len(l2_entry(cache, model, u)) for u in users)
         metrics = Metrics("v1", "ns")
         metrics.registry.register(CacheCollector(cache, l1, l2, host))
         from prometheus_client import generate_latest
@@ -93,10 +93,10 @@ async def test_a_working_set_over_l1_but_within_l1_and_host_reads_no_redis(
         await cache.close()
 
 
-def l2_entry(model, users) -> bytes:
-    from kvrank.cache import encode_entry
-
-    return encode_entry(model.encode_user(users[0][1]))
+def l2_entry(cache, model, user) -> bytes:
+    """The entry Redis holds for ``user``: sealed to its key."""
+    user_id, events, seq_hash = user
+    return cache.codec.seal(cache.key(user_id, seq_hash), model.encode_user(events))
 
 
 async def test_an_entry_lives_in_one_local_tier_and_moves_back_to_l1_on_a_hit(

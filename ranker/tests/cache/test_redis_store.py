@@ -16,9 +16,9 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-async def store(redis_server):
+async def store(redis_server, patient_s):
     redis_server.cli("flushall")
-    s = RedisStore(RedisSettings(redis_server.url, op_timeout_s=0.5))
+    s = RedisStore(RedisSettings(redis_server.url, op_timeout_s=patient_s))
     yield s
     await s.close()
 
@@ -124,9 +124,11 @@ async def test_a_cluster_node_outage_is_a_miss_and_reads_heal_after_it_rejoins(
         cluster.stop()
 
 
-async def test_purge_removes_one_namespace_on_every_cluster_master(redis_cluster) -> None:
+async def test_purge_removes_one_namespace_on_every_cluster_master(
+    redis_cluster, patient_s
+) -> None:
     redis_cluster.flush()
-    settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=1.0)
+    settings = RedisSettings(redis_cluster.url, cluster=True, op_timeout_s=patient_s)
     store = RedisStore(settings)
     try:
         for i in range(60):
@@ -143,10 +145,11 @@ async def test_purge_removes_one_namespace_on_every_cluster_master(redis_cluster
 
 
 async def test_lock_is_exclusive_and_expires(store) -> None:
-    first = await store.acquire(k("x"), ttl_s=0.2)
+    # a lock of 2 s: the second try comes well within it even on a stalled machine
+    first = await store.acquire(k("x"), ttl_s=2.0)
     assert first.state is LockState.ACQUIRED
-    assert (await store.acquire(k("x"), ttl_s=0.2)).state is LockState.HELD
-    await asyncio.sleep(0.25)  # holder "crashed": the lock frees itself
+    assert (await store.acquire(k("x"), ttl_s=2.0)).state is LockState.HELD
+    await asyncio.sleep(2.1)  # holder "crashed": the lock frees itself
     second = await store.acquire(k("x"), ttl_s=5)
     assert second.state is LockState.ACQUIRED
     await store.release(k("x"), first)  # a stale token must not free it

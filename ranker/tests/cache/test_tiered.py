@@ -21,7 +21,6 @@ from kvrank.cache import (
     RedisStore,
     Tier,
     TieredCache,
-    encode_entry,
     l1_and_redis,
 )
 
@@ -36,12 +35,12 @@ class Pod(TieredCache):
 
 
 @pytest.fixture
-async def make_cache(model, redis_server):
+async def make_cache(model, redis_server, patient_s):
     redis_server.cli("flushall")
     caches: list[TieredCache] = []
 
     def make(url: str | None = redis_server.url, **settings: float) -> Pod:
-        l2 = RedisStore(RedisSettings(url, op_timeout_s=0.5)) if url else None
+        l2 = RedisStore(RedisSettings(url, op_timeout_s=patient_s)) if url else None
         s = CacheSettings("ns", "v1", model.cfg.fingerprint(), **settings)
         tiers = [Tier(Outcome.L1, L1Store(10_000_000))]
         tiers += [Tier(Outcome.L2, l2, shared=True)] if l2 is not None else []
@@ -65,6 +64,50 @@ class Encoder:
         self.prefixes.append(prefix)
         await asyncio.sleep(self.delay_s)
         return Created(self.model.encode_user(self.user), Outcome.MISS, "encode", 1.0)
+
+
+async def test_large_entries_are_sealed_and_opened_off_the_event_loop(
+    make_cache, model, factory, tiny_cfg, monkeypatch
+):
+    """Authenticating an entry reads every byte (milliseconds at production size): from
+    ``off_loop_bytes`` on, a worker thread does it while the loop serves other requests;
+    what is served, and what is refused, stays the same."""
+    import threading
+
+    from kvrank.cache.entry import EntryCodec
+
+    threads: dict[str, set[str]] = {"seal": set(), "open": set()}
+    for name in threads:
+        real = getattr(EntryCodec, name)
+
+        def recording(self, key, arg, real=real, name=name):  # type: ignore[no-untyped-def]
+            threads[name].add(threading.current_thread().name)
+            return real(self, key, arg)
+
+        monkeypatch.setattr(EntryCodec, name, recording)
+    loop_thread = threading.current_thread().name
+    user, cands = factory.user(tiny_cfg, 9, 1), factory.candidates(tiny_cfg, 4, 1)
+    reference = model.forward_full(user, cands)
+    for off_loop_bytes, off in ((0, True), (10**9, False)):
+        for seen in threads.values():
+            seen.clear()
+        pod_a = make_cache(off_loop_bytes=off_loop_bytes)
+        key = pod_a.key(f"u{off_loop_bytes}", "h9")
+        await pod_a.get_or_create(key, 9, Encoder(model, user))
+        await pod_a.flush()
+        pod_b = make_cache(off_loop_bytes=off_loop_bytes)
+        hit = await pod_b.get_or_create(key, 9, Encoder(model, user))
+        assert hit.outcome is Outcome.L2
+        torch.testing.assert_close(model.score(hit.kv, cands), reference, atol=1e-5, rtol=0)
+        for name in ("seal", "open"):
+            assert threads[name] and (loop_thread not in threads[name]) is off, (name, threads)
+    # a tampered entry opened off the loop is refused as on it: a miss, counted, made again
+    pod_c = make_cache(off_loop_bytes=0)
+    data = bytearray(await pod_c.l2.get(key))  # type: ignore[union-attr]
+    data[-1] ^= 1
+    await pod_c.l2.put(key, bytes(data), 60, 9)  # type: ignore[union-attr]
+    again = await pod_c.get_or_create(key, 9, Encoder(model, user))
+    assert again.outcome is Outcome.MISS and sum(pod_c.stats.corrupt.values()) == 1
 
 
 async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory, tiny_cfg):
@@ -107,34 +150,43 @@ async def test_pods_racing_for_one_user_create_once(make_cache, model, factory, 
     assert sum(p.flight.stats.remote_hits for p in pods) == 2
 
 
-class SlowWrites:
-    """An L2 whose writes take ``delay_s`` to land (a slow link to Redis)."""
+class HeldWrites:
+    """An L2 whose writes land only once the test lets them (a slow link to Redis, as slow
+    as the test needs whatever the machine's speed)."""
 
-    def __init__(self, store: RedisStore, delay_s: float) -> None:
-        self.put, self.delay_s = store.put, delay_s
-        store.put = self.slow_put  # type: ignore[method-assign]
+    def __init__(self, store: RedisStore) -> None:
+        self.put, self.gate = store.put, asyncio.Event()
+        store.put = self.held_put  # type: ignore[method-assign]
 
-    async def slow_put(self, *args, **kwargs) -> bool:
-        await asyncio.sleep(self.delay_s)
+    async def held_put(self, *args, **kwargs) -> bool:
+        await self.gate.wait()
         return await self.put(*args, **kwargs)
+
+
+async def until(condition, what: str, task) -> None:
+    """Yield to the loop until ``condition()`` holds (failing if ``task`` ends first)."""
+    while not condition():
+        assert not task.done(), f"{what}: the task ended first ({task.result()!r})"
+        await asyncio.sleep(0.005)
 
 
 async def test_a_new_entry_reaches_l2_behind_the_request_and_peers_wait_for_it(
     make_cache, model, factory, tiny_cfg
 ):
-    writer, peer = make_cache(), make_cache(lock_wait_s=2.0)
+    writer, peer = make_cache(), make_cache(lock_wait_s=60.0)
     assert writer.l2 is not None
-    SlowWrites(writer.l2, delay_s=0.3)
+    held = HeldWrites(writer.l2)
     user = factory.user(tiny_cfg, 7, 1)
     encode = Encoder(model, user)
     key = writer.key("u", "h7")
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    # answered while its entry's write to L2 is still held back
     assert (await writer.get_or_create(key, 7, encode)).outcome is Outcome.MISS
-    assert loop.time() - started < 0.3  # answered before its entry's slow write landed
     assert await writer.l2.get(key) is None
     # a peer pod missing meanwhile finds the lock held and waits for the entry: one encode
-    assert (await peer.get_or_create(key, 7, encode)).outcome is Outcome.L2
+    waiting = asyncio.create_task(peer.get_or_create(key, 7, encode))
+    await until(lambda: peer.flight.stats.remote_waits == 1, "the peer waits", waiting)
+    held.gate.set()
+    assert (await waiting).outcome is Outcome.L2
     assert encode.calls == 1 and peer.flight.stats.remote_hits == 1
     await writer.flush()
     assert await writer.l2.get(key) is not None
@@ -146,7 +198,7 @@ async def test_writes_beyond_the_bound_stay_in_l1_and_free_their_lock(
     monkeypatch.setattr("kvrank.cache.tiered.MAX_PENDING_WRITES", 1)
     writer, other = make_cache(), make_cache()
     assert writer.l2 is not None
-    SlowWrites(writer.l2, delay_s=0.3)
+    held = HeldWrites(writer.l2)
     users = [factory.user(tiny_cfg, 5, i) for i in range(2)]
     keys = [writer.key(f"u{i}", "h5") for i in range(2)]
     for key, user in zip(keys, users, strict=True):
@@ -157,6 +209,7 @@ async def test_writes_beyond_the_bound_stay_in_l1_and_free_their_lock(
     assert other.l2 is not None
     lock = await other.l2.acquire(keys[1], ttl_s=1)
     assert lock.state is LockState.ACQUIRED
+    held.gate.set()
     await writer.flush()
     assert await other.get(keys[0]) is not None and await other.get(keys[1]) is None
 
@@ -180,7 +233,7 @@ async def test_a_peer_that_never_delivers_costs_a_bounded_wait(
     "mangle",
     [
         lambda b: b[: len(b) // 2],  # truncated
-        lambda b: b[:-10] + b"0123456789",  # payload bytes changed: checksum fails
+        lambda b: b[:-10] + b"0123456789",  # payload bytes changed: the tag fails
         lambda b: b"garbage",
         lambda b: b"KVRC" + (10**6).to_bytes(4, "little") + b"{}",  # header length lies
     ],
@@ -194,9 +247,9 @@ async def test_corrupt_entries_are_misses_and_deleted(
     kv = model.encode_user(user)
     key = cache.key("u", "h8")
     assert cache.l2 is not None
-    await cache.l2.client.set(key.to_string(), mangle(encode_entry(kv)))
+    await cache.l2.client.set(key.to_string(), mangle(cache.codec.seal(key, kv)))
     found = await cache.get_or_create(key, 8, Encoder(model, user))
-    assert found.outcome is Outcome.MISS and cache.stats.corrupt == 1
+    assert found.outcome is Outcome.MISS and sum(cache.stats.corrupt.values()) == 1
     assert cache.l2.stats.errors == 0
     await cache.flush()
     assert await make_cache().get(key) is not None  # replaced by the fresh encode
@@ -211,7 +264,7 @@ async def test_entry_of_another_model_is_a_miss(make_cache, model, factory, tiny
         CacheSettings("ns", "v2", model.cfg.fingerprint()), L1Store(10_000_000), writer.l2
     )
     # same key, a reader that serves model v2: the entry's header says v1 → a miss
-    assert await other.get(key) is None and other.stats.corrupt == 1
+    assert await other.get(key) is None and other.stats.corrupt == {"model": 1}
 
 
 async def test_redis_down_still_creates_and_serves(

@@ -141,17 +141,17 @@ def test_url_artifact_errors_are_clear_and_leave_nothing_half_written(
         resolve_artifact("hdfs://namenode/m", tmp_path / "cache")
 
 
-def test_weights_checksum_is_verified_and_a_mismatch_is_never_cached(
+def test_the_artifact_checksum_is_verified_and_a_mismatch_is_never_cached(
     factory, tiny_cfg, tmp_path, http_dir
 ) -> None:
 
-    from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
+    from kvrank.model.artifact import artifact_sha256, resolve_artifact
 
     site = save_model(factory.model(tiny_cfg, version="v1"), tmp_path / "site" / "m")
-    good = hashlib.sha256((site / WEIGHTS_FILE).read_bytes()).hexdigest()
+    good = artifact_sha256(site)
     base, served = http_dir(tmp_path / "site")
     wrong = "0" * 64
-    with pytest.raises(ArtifactError, match=rf"sha256 {good}, expected {wrong}"):
+    with pytest.raises(ArtifactError, match=rf"sha256 {good} .*, expected {wrong}"):
         resolve_artifact(f"{base}/m", tmp_path / "cache", wrong)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-trusted kept
     local = resolve_artifact(f"{base}/m", tmp_path / "cache", good.upper())
@@ -237,6 +237,30 @@ class Store:
             self.proc.wait(timeout=10)
 
 
+def test_the_checksum_covers_the_config_and_is_what_sha256sum_prints(
+    factory, tiny_cfg, tmp_path
+) -> None:
+    """An edited config.json beside the same weights is another artifact; the checksum is
+    the one coreutils gives, and the weights' own checksum is refused with what to use."""
+    from kvrank.model.artifact import CONFIG_FILE, WEIGHTS_FILE, artifact_sha256, resolve_artifact
+
+    site = save_model(factory.model(tiny_cfg, version="v1"), tmp_path / "m")
+    good = artifact_sha256(site)
+    shell = subprocess.run(
+        f"sha256sum {CONFIG_FILE} {WEIGHTS_FILE} | sha256sum",
+        shell=True, cwd=site, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert shell.stdout.split()[0] == good
+    config = json.loads((site / CONFIG_FILE).read_text())
+    config["model_version"] = "v1-edited"
+    (site / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(ArtifactError, match=rf"expected {good}"):
+        resolve_artifact(str(site), tmp_path / "cache", good)
+    weights_only = hashlib.sha256((site / WEIGHTS_FILE).read_bytes()).hexdigest()
+    with pytest.raises(ArtifactError, match=r"covers config\.json too.*kvrank model-digest"):
+        resolve_artifact(str(site), tmp_path / "cache", weights_only)
+
+
 @pytest.fixture(params=[S3, GCS], ids=lambda kind: kind.scheme)
 def store(request, tmp_path, monkeypatch):
     running = Store(request.param, tmp_path / "store")
@@ -251,14 +275,14 @@ def store(request, tmp_path, monkeypatch):
 def test_an_object_store_artifact_is_downloaded_once_checked_and_scores_identically(
     factory, tiny_cfg, tmp_path, store
 ) -> None:
-    from kvrank.model.artifact import WEIGHTS_FILE, resolve_artifact
+    from kvrank.model.artifact import artifact_sha256, resolve_artifact
 
     model = factory.model(tiny_cfg, version="v7")
     stored = save_model(model, store.folder / "feed" / "v7")
-    good = hashlib.sha256((stored / WEIGHTS_FILE).read_bytes()).hexdigest()
+    good = artifact_sha256(stored)
     store.start()
     uri, wrong = f"{store.scheme}://models/feed/v7", "f" * 64
-    with pytest.raises(ArtifactError, match=rf"sha256 {good}, expected {wrong}"):
+    with pytest.raises(ArtifactError, match=rf"sha256 {good} .*, expected {wrong}"):
         resolve_artifact(uri, tmp_path / "cache", wrong)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-trusted kept
     local = resolve_artifact(f"{uri}/", tmp_path / "cache", good)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvrank.cache import decode_entry, encode_entry
+from kvrank.cache import CacheKey, EntryCodec, ModelIdentity
 from kvrank.errors import CorruptEntryError, IncompatibleKVError
 from kvrank.model.config import ModelConfig
 from kvrank.model.kv import UserKV
@@ -34,8 +34,12 @@ def test_an_entry_is_read_as_views_on_the_received_bytes(setup, dtype) -> None:
     (what makes a 9 MB entry cheap to read), at an aligned offset, and scores the same."""
     model, user, cands = setup
     kv = model.encode_user(user, kv_dtype=dtype)
-    data = encode_entry(kv)
-    back = decode_entry(data, kv.model_version, kv.fingerprint)
+    codec, key = (
+        EntryCodec(ModelIdentity(kv.model_version, kv.fingerprint)),
+        CacheKey("n", "v", "u", "h"),
+    )
+    data = codec.seal(key, kv)
+    back = codec.open(key, data)
     start = id(data) + bytes.__basicsize__ - 1  # where CPython keeps a bytes' contents
     tensors = [t for lk in back.layers.values() for t in (lk.k, lk.v, lk.k_scale) if t is not None]
     for t in tensors:
