@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -159,6 +159,9 @@ bench-routing: venv ## Routed vs unrouted (4 pods, Envoy) and the host tier, sid
 
 bench-overload-front: venv ## One ranker under a 4x spike, alone and behind a queue proxy (Envoy), side by side: reports/bench-overload-front.json
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_overload_front.py --json reports/bench-overload-front.json
+
+bench-wire: venv ## A production-size L1 hit with its history as JSON and by reference, side by side: reports/bench-wire.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_wire.py --json reports/bench-wire.json
 
 bench-cuda: venv ## Every GPU measurement in one go (minutes on one GPU): reports/cuda/*.json
 	PYTHON=$(VENV)/bin/python bash benchmarks/cuda.sh reports/cuda

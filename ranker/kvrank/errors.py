@@ -88,6 +88,21 @@ class DeviceError(KvrankError, RuntimeError):
     """The configured compute device is not usable here (e.g. ``cuda`` without a GPU)."""
 
 
+class HistoryRequired(KvrankError):
+    """A request sent its history by reference (a sequence hash) and no tier holds the entry
+    under that exact key: never seen, expired, evicted, of another user, model version or
+    deployment (maps to 412 ``history_required``, answered before any model work: the caller
+    resends the request with its events)."""
+
+    def __init__(self, field: str, seq_hash: str) -> None:
+        super().__init__(
+            f"history_required: no cached entry of this user under {field} {seq_hash!r};"
+            " send the request again with its events"
+        )
+        self.field = field
+        self.seq_hash = seq_hash
+
+
 class Overloaded(KvrankError):
     """The pod cannot serve this request before its deadline: shed before any model work
     (maps to 503 with ``Retry-After``: another pod, or this one a moment later, can).

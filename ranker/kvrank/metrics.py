@@ -34,11 +34,12 @@ STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
 CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 SCORE_ROUTE = "/v1/score"
-SCORE_CODES = ("200", "422", "500", "503", "504")
+SCORE_CODES = ("200", "412", "422", "500", "503", "504")
 """Responses of the scoring route exported from the start: a series born at its first
 response hides that response from Prometheus' ``increase()`` (a canary's first 5xx
 included)."""
 ENCODE_KINDS = ("full", "incremental")
+BY_REFERENCE_RESULTS = ("served", "history_required")
 PREFETCH_ROUTE = "/v1/prefetch"
 PREFETCH_RESULTS = (*OUTCOMES, "dropped", "shed", "failed")
 """What became of a prefetch: the cache outcome of its lookup (``miss``: it made the entry),
@@ -124,6 +125,14 @@ class Metrics:
             registry=r,
         )
         self.prefetches = {k: prefetches.labels(*values, k) for k in PREFETCH_RESULTS}
+        by_reference = Counter(
+            "kvrank_history_by_reference",
+            "Scoring requests that sent their history by reference (a sequence hash), by"
+            " result: served from the entry under it, or history_required (412, no model work)",
+            [*names, "result"],
+            registry=r,
+        )
+        self.by_reference = {k: by_reference.labels(*values, k) for k in BY_REFERENCE_RESULTS}
         self._responses = Counter(
             "kvrank_http_responses",
             "HTTP responses by route and status code (errors included)",

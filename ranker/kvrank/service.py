@@ -20,7 +20,7 @@ from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
 from kvrank.cache import Created, Lookup, Outcome, Prefix, TieredCache, TTLSettings, sequence_chain
-from kvrank.errors import Abandoned
+from kvrank.errors import Abandoned, HistoryRequired
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
@@ -74,6 +74,11 @@ class ScoreResult:
     logits: Tensor
     outcome: Outcome
     timings_ms: dict[str, float]
+    seq_hash: str | None = None
+    """The sequence hash the user side was found or made under: a later request of this user
+    with the same history may send it instead of its events (``None``: no cache)."""
+    events: int | None = None
+    """How many events that history had (``None``: sent by reference)."""
 
 
 class RankingService:
@@ -161,16 +166,45 @@ class RankingService:
             if self.settings.cache_mode == "full":
                 logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
                 return self._result(logits, Outcome.NONE, {"total": _ms(start)})
-            found, timings = await self._own_user_kv(user_id, user, ticket)
+            found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket)
             t = time.perf_counter()
             logits = await self.runner.score(found.kv, cands)
             timings["score"] = _ms(t)
             timings["total"] = _ms(start)
-            return self._result(logits, found.outcome, timings)
+            return self._result(logits, found.outcome, timings, seq_hash, len(user))
+
+    async def score_by_reference(
+        self,
+        user_id: str,
+        seq_hash: str,
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+        field: str = "seq_hash",
+    ) -> ScoreResult:
+        """Scores of ``cands`` against the entry under exactly ``(user_id, seq_hash)`` in any
+        tier; :class:`~kvrank.errors.HistoryRequired` (naming ``field``, where the hash came
+        from) when none holds it: nothing is computed, the caller resends its events."""
+        start = time.perf_counter()
+        check_candidates(self.features, cands)
+        interval = self.cache.ttl.observe(user_id)
+        if interval is not None:
+            self.metrics.intervals.observe(interval)
+        with self.admission.admit(deadline or self.deadline()):
+            found = None
+            if self.settings.cache_mode != "full":
+                found = await self.cache.find(self.cache.key(user_id, seq_hash))
+            if found is None:
+                self.metrics.by_reference["history_required"].inc()
+                raise HistoryRequired(field, seq_hash)
+            self.metrics.by_reference["served"].inc()
+            t = time.perf_counter()
+            logits = await self.runner.score(found.kv, cands)
+            timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
+            return self._result(logits, found.outcome, timings, seq_hash)
 
     async def _own_user_kv(
         self, user_id: str, user: UserInput, ticket: Ticket
-    ) -> tuple[Lookup, dict[str, float]]:
+    ) -> tuple[Lookup, dict[str, float], str]:
         """:meth:`_user_kv`, made again for this request when the request it shared the
         computation with (same user, same history) was dropped: one caller leaving must not
         fail another."""
@@ -194,8 +228,9 @@ class RankingService:
         self.metrics.prefetches[outcome.value].inc()
         return outcome
 
-    async def _user_kv(self, user_id: str, user: UserInput) -> tuple[Lookup, dict[str, float]]:
-        """The user's K/V from the nearest tier holding it, else made once across pods."""
+    async def _user_kv(self, user_id: str, user: UserInput) -> tuple[Lookup, dict[str, float], str]:
+        """The user's K/V from the nearest tier holding it, else made once across pods; where
+        time went; the sequence hash it is cached under."""
         t = time.perf_counter()
         chain = sequence_chain(user, self.fingerprint, self.features)
         key = self.cache.key(user_id, chain[-1])
@@ -206,7 +241,7 @@ class RankingService:
             lambda prefix: self._create(user, prefix),
             chain if self._extender is not None else None,
         )
-        return found, timings | found.timings_ms
+        return found, timings | found.timings_ms, key.seq_hash
 
     async def _create(self, user: UserInput, prefix: Prefix | None) -> Created:
         """Extend the cached prefix the cache found (when it may be), else encode it all."""
@@ -234,9 +269,16 @@ class RankingService:
         # approximate: extend until the drift bound asks for a full re-encode
         return mode == "approximate" and kv.increments < self.settings.refresh_every
 
-    def _result(self, logits: Tensor, outcome: Outcome, timings: dict[str, float]) -> ScoreResult:
+    def _result(
+        self,
+        logits: Tensor,
+        outcome: Outcome,
+        timings: dict[str, float],
+        seq_hash: str | None = None,
+        events: int | None = None,
+    ) -> ScoreResult:
         self.metrics.observe_request(outcome.value, timings)
-        return ScoreResult(logits.sigmoid(), logits, outcome, timings)
+        return ScoreResult(logits.sigmoid(), logits, outcome, timings, seq_hash, events)
 
 
 def _ms(start: float) -> float:

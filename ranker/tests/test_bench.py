@@ -98,3 +98,19 @@ def test_a_lower_precision_is_refused_for_an_artifact_which_keeps_its_own(tmp_pa
     assert "--compute-dtype" in result.output and "saved with" in result.output
     result = CliRunner().invoke(app, ["bench", "--compute-dtype", "int4"])
     assert result.exit_code == 2 and "fp32, bf16 or fp16" in result.output
+
+
+def test_the_wire_benchmark_sends_each_hit_both_ways_with_the_same_scores() -> None:
+    """A short ``make bench-wire``: every block an L1 hit, the same scores to the last bit by
+    both protocols, and the request by reference without the history's bytes."""
+    import argparse
+
+    from bench_wire import run
+
+    args = argparse.Namespace(users=2, events=200, candidates=5, repeat=2, rounds=2, seed=1)
+    report = run(args)
+    assert report["equal_scores"]
+    assert all(p["caches"] == ["l1"] for p in report["protocols"].values()), report
+    sizes = {k: v["bytes_per_request"] for k, v in report["protocols"].items()}
+    assert sizes["json-ref"] < sizes["json"] / 10, sizes
+    assert len(report["rounds"]) == 2 and report["workload"]["requests_per_block"] == 4

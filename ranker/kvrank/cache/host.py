@@ -42,7 +42,7 @@ class HostStore:
     def __len__(self) -> int:
         return len(self.lru)
 
-    def admit(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> None:
+    def admit(self, key: CacheKey, value: UserKV, ttl_s: float, events: int | None) -> None:
         """An entry the device tier evicted (its :data:`~kvrank.cache.l1.Demote`)."""
         self.lru.insert(key, self._to_host(value), ttl_s, events)
 
@@ -50,7 +50,7 @@ class HostStore:
         kv = await self.lru.get(key)
         return None if kv is None else kv.to(self.device)
 
-    async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
+    async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int | None) -> bool:
         return self.lru.insert(key, self._to_host(value), ttl_s, events)
 
     async def delete(self, key: CacheKey) -> bool:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # keys stay importable without torch (admin tools only need n
 PREFIX = "kvrank"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 HASH_BYTES = 16
+SEQ_HASH_PATTERN = rf"^[0-9a-f]{{{2 * HASH_BYTES}}}$"
+"""A sequence hash as answers name it and requests may send it back (lower-case hex)."""
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ class _Slot:
     kv: UserKV
     nbytes: int
     expires_at: float
-    events: int
+    events: int | None
 
 
-Demote = Callable[[CacheKey, UserKV, float, int], None]
+Demote = Callable[[CacheKey, UserKV, float, int | None], None]
 """Where an entry evicted for room goes instead of away: ``(key, kv, ttl left, events)``
 (the host-memory tier's :meth:`~kvrank.cache.host.HostStore.admit`)."""
 
@@ -75,11 +75,11 @@ class L1Store:
     async def get(self, key: CacheKey) -> UserKV | None:
         return self._lookup(key.to_string())
 
-    async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
+    async def put(self, key: CacheKey, value: UserKV, ttl_s: float, events: int | None) -> bool:
         """Insert or replace; ``False`` when one entry alone exceeds the budget."""
         return self.insert(key, value, ttl_s, events)
 
-    def insert(self, key: CacheKey, value: UserKV, ttl_s: float, events: int) -> bool:
+    def insert(self, key: CacheKey, value: UserKV, ttl_s: float, events: int | None) -> bool:
         """:meth:`put`, synchronously (what a nearer tier's eviction calls)."""
         text = key.to_string()
         self._delete(text)
@@ -87,7 +87,8 @@ class L1Store:
             return False
         slot = _Slot(value, value.nbytes, self.clock() + ttl_s, events)
         self._insert(text, slot, "probation")
-        self._heads[key.head_key()] = Head(events, key.seq_hash)
+        if events is not None:
+            self._heads[key.head_key()] = Head(events, key.seq_hash)
         self._evict_to_budget()
         return True
 

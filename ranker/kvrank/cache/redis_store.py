@@ -217,13 +217,15 @@ class RedisStore:
         data: bytes | None = self._reader.get(key)
         return data
 
-    async def put(self, key: CacheKey, value: bytes, ttl_s: float, events: int) -> bool:
+    async def put(self, key: CacheKey, value: bytes, ttl_s: float, events: int | None) -> bool:
         self._seen(len(value))
         ttl_ms = _ms(ttl_s)
         ok = await self._call(lambda: self.client.set(key.to_string(), value, px=ttl_ms))
         if not ok:
             return False
         self.stats.writes += 1
+        if events is None:
+            return True
         # payload before metadata: a head never points at an entry not yet written
         head = Head(events, key.seq_hash).to_json()
         await self._call(lambda: self.client.set(key.head_key(), head, px=ttl_ms))

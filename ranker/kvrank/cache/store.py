@@ -24,11 +24,12 @@ class Store(Protocol[V]):
         """The entry, or ``None`` (absent, expired, or the tier failed)."""
         ...
 
-    async def put(self, key: CacheKey, value: V, ttl_s: float, events: int) -> bool:
+    async def put(self, key: CacheKey, value: V, ttl_s: float, events: int | None) -> bool:
         """Store ``value`` for ``ttl_s`` and point the user's head at it.
 
-        ``events``: how many user events the entry covers (recorded in the head). Returns
-        ``False`` when nothing was stored (too large, failure).
+        ``events``: how many user events the entry covers (recorded in the head); ``None``
+        when the caller does not know (an entry found by its hash alone): the head is left
+        as it is. Returns ``False`` when nothing was stored (too large, failure).
         """
         ...
 

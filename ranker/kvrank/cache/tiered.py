@@ -197,6 +197,28 @@ class TieredCache:
         when the creator can extend a cached prefix; ``None``: it is handed none.
         """
         timings: dict[str, float] = {}
+        local = await self._from_local(key, events, timings)
+        if local is not None:
+            return local
+        found = await self.flight.do(
+            key.to_string(), lambda: self._shared_or_create(key, events, creator, chain)
+        )
+        return Lookup(found.kv, found.outcome, {**timings, **found.timings_ms})
+
+    async def find(self, key: CacheKey) -> Lookup | None:
+        """The entry under exactly ``key`` from the nearest tier, promoted like any hit, or
+        ``None``: nothing is made (a request that sent its history by reference)."""
+        timings: dict[str, float] = {}
+        found = await self._from_local(key, None, timings)
+        if found is None:
+            found = await self._from_shared(key, None, timings)
+        return found
+
+    async def _from_local(
+        self, key: CacheKey, events: int | None, timings: dict[str, float]
+    ) -> Lookup | None:
+        """A hit in the nearest local tier holding ``key``, moved up (``events``: the
+        sequence's length, for the user's head; ``None``: unknown, the head is left as it is)."""
         for i, tier in enumerate(self._local):
             started = time.perf_counter()
             kv = await tier.store.get(key)
@@ -205,10 +227,23 @@ class TieredCache:
             if kv is not None:
                 await self._move_up(key, kv, events, i)
                 return Lookup(kv, tier.outcome, timings)
-        found = await self.flight.do(
-            key.to_string(), lambda: self._shared_or_create(key, events, creator, chain)
-        )
-        return Lookup(found.kv, found.outcome, {**timings, **found.timings_ms})
+        return None
+
+    async def _from_shared(
+        self, key: CacheKey, events: int | None, timings: dict[str, float]
+    ) -> Lookup | None:
+        """A hit in the first shared tier holding ``key``, promoted into the local ones."""
+        for tier in self._shared:
+            started = time.perf_counter()
+            kv, serde_ms = await self._read_shared(tier, key)
+            timings[tier.outcome.value] = _ms(started)
+            if serde_ms is not None:
+                timings["serde"] = serde_ms
+            self.stats.count(tier.outcome.value, kv is not None)
+            if kv is not None:
+                await self._promote(key, kv, events, self._inline)
+                return Lookup(kv, tier.outcome, timings)
+        return None
 
     async def find_prefix(self, key: CacheKey, chain: list[str]) -> Prefix | None:
         """The cached entry of the longest strict prefix of ``chain`` (``key``'s sequence)."""
@@ -262,7 +297,9 @@ class TieredCache:
         for tier in self.tiers:
             await tier.store.close()
 
-    async def _promote(self, key: CacheKey, kv: UserKV, events: int, tiers: list[Tier]) -> bool:
+    async def _promote(
+        self, key: CacheKey, kv: UserKV, events: int | None, tiers: list[Tier]
+    ) -> bool:
         """Put ``kv`` in ``tiers`` (but demoted ones); whether every one took it."""
         taken = True
         for tier in tiers:
@@ -270,7 +307,7 @@ class TieredCache:
                 taken = bool(await tier.store.put(key, kv, self.ttl.current(), events)) and taken
         return taken
 
-    async def _move_up(self, key: CacheKey, kv: UserKV, events: int, i: int) -> None:
+    async def _move_up(self, key: CacheKey, kv: UserKV, events: int | None, i: int) -> None:
         """A hit in local tier ``i``: into the nearer ones. Out of a demoted tier first (each
         entry in one of the two, so both budgets count, and what the nearer one evicts to
         make room finds its room here), back in if the nearer ones could not take it."""
@@ -285,16 +322,9 @@ class TieredCache:
         self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None
     ) -> Lookup:
         timings: dict[str, float] = {}
-        for tier in self._shared:
-            started = time.perf_counter()
-            kv, serde_ms = await self._read_shared(tier, key)
-            timings[tier.outcome.value] = _ms(started)
-            if serde_ms is not None:
-                timings["serde"] = serde_ms
-            self.stats.count(tier.outcome.value, kv is not None)
-            if kv is not None:
-                await self._promote(key, kv, events, self._inline)
-                return Lookup(kv, tier.outcome, timings)
+        shared = await self._from_shared(key, events, timings)
+        if shared is not None:
+            return shared
         created = await self._regenerate(key, events, creator, chain)
         if created.stage is not None:
             timings[created.stage] = created.ms

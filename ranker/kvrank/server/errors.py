@@ -4,6 +4,9 @@
 - ``HeaderError`` (a header out of its limits; the routing header naming another user than
   the body) → 400 naming the header;
 - ``IncompatibleKVError`` → 409;
+- ``HistoryRequired`` (a history sent by reference that no tier holds) → 412 naming
+  ``seq_hash`` or ``If-Match``, its message starting ``history_required`` (also in
+  ``x-kvrank-error``), before any model work: the caller sends its events;
 - ``Overloaded`` (shed by admission control, before any model work) → 503 with
   ``Retry-After`` and ``x-kvrank-shed`` (the edge answers the same for a request it sheds
   on its headers alone);
@@ -26,7 +29,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvrank.errors import Abandoned, HeaderError, IncompatibleKVError, InputError, Overloaded
+from kvrank.errors import (
+    Abandoned,
+    HeaderError,
+    HistoryRequired,
+    IncompatibleKVError,
+    InputError,
+    Overloaded,
+)
 from kvrank.server.edge import BodyTooLarge, error_body, shed_headers
 
 
@@ -38,6 +48,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(IncompatibleKVError, _incompatible)  # type: ignore[arg-type]
     app.add_exception_handler(Overloaded, _overloaded)  # type: ignore[arg-type]
     app.add_exception_handler(Abandoned, _abandoned)  # type: ignore[arg-type]
+    app.add_exception_handler(HistoryRequired, _history_required)  # type: ignore[arg-type]
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -69,6 +80,12 @@ async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
 
 async def _abandoned(request: Request, exc: Abandoned) -> JSONResponse:
     return _error(499 if exc.reason == "disconnected" else 504, None, str(exc), request)
+
+
+async def _history_required(request: Request, exc: HistoryRequired) -> JSONResponse:
+    answer = _error(412, exc.field, str(exc), request)
+    answer.headers["x-kvrank-error"] = "history_required"
+    return answer
 
 
 async def _incompatible(request: Request, exc: IncompatibleKVError) -> JSONResponse:

@@ -26,11 +26,16 @@ from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
 from kvrank.server.schemas import (
+    IF_MATCH,
     USER_ID_MAX,
     USER_ID_PATTERN,
     InvalidateResponse,
     PrefetchResponse,
     ScoreResponse,
+    by_reference,
+    etag,
+    if_match,
+    to_candidates,
     to_inputs,
     to_user,
 )
@@ -115,13 +120,21 @@ async def score(request: Request, state: State) -> Response:
     raw = await request.body()
     body = _parse(state.request_model, raw)
     user_id, access = _user_of(request, state, body)
-    user, cands = to_inputs(body, svc.features)
+    header = if_match(request.headers.get(IF_MATCH))
+    seq_hash = by_reference(body, svc.features, header)
     async with _caller_watched(request, deadline):
-        result = await svc.score(user_id, user, cands, deadline)
+        if seq_hash is None:
+            user, cands = to_inputs(body, svc.features)
+            result = await svc.score(user_id, user, cands, deadline)
+        else:
+            field = IF_MATCH if header is not None else "seq_hash"
+            cands = to_candidates(body, svc.features)
+            result = await svc.score_by_reference(user_id, seq_hash, cands, deadline, field)
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()
-    if state.shadow is not None and SHADOW_HEADER not in request.headers:
+    if state.shadow is not None and seq_hash is None and SHADOW_HEADER not in request.headers:
         # queued, sent by the mirror's own task: the body as received, nothing serialized again
+        # (a request by reference is not mirrored: the hash names an entry of this version's)
         state.shadow.offer(raw, scores)
     answer = ScoreResponse(
         request_id=request.state.request_id,
@@ -129,9 +142,12 @@ async def score(request: Request, state: State) -> Response:
         scores=scores,
         cache=result.outcome.value,
         timings_ms=result.timings_ms,
+        seq_hash=result.seq_hash,
+        events=result.events,
     )
     # serialized here, in pydantic's core: FastAPI would validate the model again
-    return Response(answer.model_dump_json(), media_type="application/json")
+    tag = {"ETag": etag(result.seq_hash)} if result.seq_hash else None
+    return Response(answer.model_dump_json(), media_type="application/json", headers=tag)
 
 
 @router.post(PREFETCH_ROUTE, status_code=202, response_model=PrefetchResponse)

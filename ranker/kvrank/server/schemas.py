@@ -11,10 +11,13 @@ and widths are checked against the spec (:mod:`kvrank.model.features`) and surfa
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from kvrank.cache import SEQ_HASH_PATTERN
+from kvrank.errors import HeaderError, InputError
 from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
 from kvrank.model.features import candidates_from_lists, user_from_lists
 
@@ -40,7 +43,7 @@ def request_model(spec: FeatureSpec) -> type[BaseModel]:
             for i, c in enumerate(spec.candidate)
         },
     )
-    fields = _user_side(spec) | {"candidates": (candidates, ...)}
+    fields = _user_side(spec, by_reference=True) | {"candidates": (candidates, ...)}
     model: type[BaseModel] = create_model("ScoreRequest", __config__=_STRICT, **fields)  # type: ignore[call-overload]
     return model
 
@@ -53,7 +56,8 @@ def prefetch_model(spec: FeatureSpec) -> type[BaseModel]:
     return model
 
 
-def _user_side(spec: FeatureSpec) -> dict[str, Any]:
+def _user_side(spec: FeatureSpec, by_reference: bool = False) -> dict[str, Any]:
+    """The user's fields; ``by_reference``: ``events`` may be left out for ``seq_hash``."""
     events = create_model(  # type: ignore[call-overload]
         "EventsIn",
         __config__=_STRICT,
@@ -66,7 +70,66 @@ def _user_side(spec: FeatureSpec) -> dict[str, Any]:
         "user_id": (str, Field(min_length=1, max_length=USER_ID_MAX, pattern=USER_ID_PATTERN)),
         "events": (events, ...),
     }
+    if by_reference:
+        fields["events"] = (events | None, Field(None, description=EVENTS_DOC))
+        fields["seq_hash"] = (
+            str | None,
+            Field(None, pattern=SEQ_HASH_PATTERN, description=SEQ_HASH_DOC),
+        )
     return fields | {c.name: _user_field(c) for c in spec.user}
+
+
+EVENTS_DOC = (
+    "The user's history, one list per sequence column. Required unless the history is sent"
+    " by reference (seq_hash, or the If-Match header)."
+)
+SEQ_HASH_DOC = (
+    "The history by reference: the seq_hash an earlier answer for this user named (its"
+    " ETag). Scored from the entry cached under it, or 412 history_required at once (never"
+    " seen, expired, another user's or model's): send the events then. Instead of events and"
+    " the user columns, which the hash covers."
+)
+
+
+def by_reference(body: BaseModel, spec: FeatureSpec, if_match: str | None) -> str | None:
+    """The sequence hash the request sends its history by (``If-Match`` or the body's
+    ``seq_hash``), or ``None`` when it sends its events; ``InputError`` naming the field
+    when the two forms are mixed or neither is there."""
+    seq_hash: str | None = body.seq_hash  # type: ignore[attr-defined]
+    if if_match is not None:
+        if seq_hash is not None and seq_hash != if_match:
+            raise HeaderError(IF_MATCH, "names another seq_hash than the body's")
+        seq_hash = if_match
+    if seq_hash is None:
+        if body.events is None:  # type: ignore[attr-defined]
+            raise InputError("events", "required unless seq_hash (or If-Match) names the history")
+        return None
+    field = "seq_hash" if if_match is None else IF_MATCH
+    if body.events is not None:  # type: ignore[attr-defined]
+        raise InputError("events", f"must be left out when {field} names the history")
+    for c in spec.user:
+        if getattr(body, c.name):
+            raise InputError(c.name, f"must be left out when {field} names the history")
+    return seq_hash
+
+
+IF_MATCH = "If-Match"
+_ETAG = re.compile(f'^"({SEQ_HASH_PATTERN.strip("^$")})"$')
+
+
+def if_match(raw: str | None) -> str | None:
+    """The sequence hash of an ``If-Match: "<seq_hash>"`` header (one strong entity tag, as
+    answers send it in ``ETag``); ``HeaderError`` for anything else."""
+    if raw is None:
+        return None
+    found = _ETAG.match(raw.strip())
+    if found is None:
+        raise HeaderError(IF_MATCH, 'must be one entity tag an answer sent: "<seq_hash>"')
+    return found.group(1)
+
+
+def etag(seq_hash: str) -> str:
+    return f'"{seq_hash}"'
 
 
 def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
@@ -93,8 +156,13 @@ def _user_field(col: Column) -> tuple[Any, Any]:
 def to_inputs(body: BaseModel, spec: FeatureSpec) -> tuple[UserInput, CandidateInput]:
     """The request's user side and candidates as tensors (``InputError`` naming the field
     when lengths disagree)."""
+    return to_user(body, spec), to_candidates(body, spec)
+
+
+def to_candidates(body: BaseModel, spec: FeatureSpec) -> CandidateInput:
+    """A scoring request's candidates as tensors."""
     cands = {c.name: getattr(body.candidates, c.name) for c in spec.candidate}  # type: ignore[attr-defined]
-    return to_user(body, spec), candidates_from_lists(spec, cands)
+    return candidates_from_lists(spec, cands)
 
 
 def to_user(body: BaseModel, spec: FeatureSpec) -> UserInput:
@@ -110,6 +178,15 @@ class ScoreResponse(BaseModel):
     scores: list[float]
     cache: str = Field(description="l1 | host | l2 | incremental | miss (none: cache disabled)")
     timings_ms: dict[str, float]
+    seq_hash: str | None = Field(
+        None,
+        description="The hash of the user's history the scores were made with (also the"
+        " ETag): send it back as seq_hash or If-Match instead of the same events (null: the"
+        " pod caches nothing).",
+    )
+    events: int | None = Field(
+        None, description="How many events that history has (null: it was sent by reference)."
+    )
 
 
 class PrefetchResponse(BaseModel):

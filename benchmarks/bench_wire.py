@@ -1,0 +1,213 @@
+"""What the wire costs a production-size L1 hit: the whole history as JSON against the history
+by reference (``If-Match: "<seq_hash>"``), side by side on one real ``kvrank serve``.
+
+The body is production size (``PRODUCTION``'s columns: 1,500 events, 100 candidates) and the
+model is the same layout made light (one narrow layer), so the server's work around the
+model shows: receiving, parsing and validating the body, building tensors, hashing the
+history, admission, the cache lookup and the answer. Every user's entry is made first; then
+blocks of L1 hits are sent one at a time (no queueing) by each protocol in turn, the order
+swapped every round. For each block: bytes sent per request, client p50/p99, and the
+server's CPU per request outside the model — its process CPU time (``/proc``, every thread)
+less the model's scoring time (``kvrank_stage_seconds{stage="score"}``; one torch thread,
+so that time is its CPU time), both read around the block. Both protocols must return the
+same scores to the last bit for every user (the run fails otherwise). Prints a table and
+writes JSON; ``make bench-wire`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kvrank.model.artifact import save_model
+from kvrank.model.config import PRODUCTION
+from kvrank.model.features import example_candidates, example_user
+from kvrank.model.onetrans import feature_spec
+from kvrank.model.ranker import RankerModel
+from kvrank.server.schemas import body_for
+from kvrank.tools.processes import RankerProcess
+
+LIGHT = PRODUCTION.model_copy(update={"d_model": 32, "n_layers": 1, "ffn_mult": 1})
+"""Production's columns and window, one narrow layer: a model whose work is small and is
+subtracted anyway."""
+PROTOCOLS = ("json", "json-ref")
+SCORE_SUM = "kvrank_stage_seconds_sum"
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scored_s(client: httpx.Client) -> float:
+    """The model's scoring time so far, from the server's own histogram."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(SCORE_SUM) and 'stage="score"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def bodies(users: int, events: int, candidates: int, seed: int) -> list[dict[str, Any]]:
+    spec = feature_spec(LIGHT)
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        body_for(
+            spec,
+            f"user{u}",
+            example_user(spec, events, gen),
+            example_candidates(spec, candidates, gen),
+        )
+        for u in range(users)
+    ]
+
+
+def block(
+    client: httpx.Client, pid: int, sends: list[tuple[bytes, dict[str, str]]]
+) -> dict[str, Any]:
+    """Send every request once, one at a time; what the block cost on each side."""
+    score0 = scored_s(client)
+    cpu0 = cpu_s(pid)
+    latencies, answers = [], []
+    for raw, headers in sends:
+        started = time.perf_counter()
+        resp = client.post("/v1/score", content=raw, headers=headers)
+        latencies.append((time.perf_counter() - started) * 1e3)
+        resp.raise_for_status()
+        answers.append(resp.json())
+    cpu1 = cpu_s(pid)
+    score1 = scored_s(client)
+    n = len(sends)
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "requests": n,
+        "bytes_per_request": sum(len(raw) for raw, _ in sends) / n,
+        "server_cpu_ms": (cpu1 - cpu0) * 1e3 / n,
+        "model_score_ms": (score1 - score0) * 1e3 / n,
+        "outside_model_cpu_ms": ((cpu1 - cpu0) - (score1 - score0)) * 1e3 / n,
+        "client_p50_ms": q[49],
+        "client_p99_ms": q[98],
+        "caches": sorted({a["cache"] for a in answers}),
+        "scores": [a["scores"] for a in answers],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="kvrank-wire-"))
+    torch.manual_seed(0)
+    save_model(RankerModel(LIGHT, "v1").eval(), work / "model")
+    users = bodies(args.users, args.events, args.candidates, args.seed)
+    json_header = {"content-type": "application/json"}
+    # entries kept an hour: a slow round must not find its users expired (a 412)
+    ttl = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
+    # one torch thread: the model's CPU time is then its wall time, which the score stage
+    # measures (a second thread's spinning would count as work outside the model)
+    args_ = ("--l1-bytes", str(2**30), "--torch-threads", "1")
+    ranker = RankerProcess.start(work / "model", work, *args_, env=ttl)
+    try:
+        with httpx.Client(base_url=ranker.url, timeout=60) as client:
+            sends: dict[str, list[tuple[bytes, dict[str, str]]]] = {"json": [], "json-ref": []}
+            for body in users:
+                raw = json.dumps(body).encode()
+                first = client.post("/v1/score", content=raw, headers=json_header)
+                first.raise_for_status()
+                ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
+                tag = {**json_header, "If-Match": first.headers["etag"]}
+                sends["json"].append((raw, json_header))
+                sends["json-ref"].append((json.dumps(ref).encode(), tag))
+            rounds: list[dict[str, Any]] = []
+            for r in range(args.rounds):
+                order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
+                rounds.append(
+                    {p: block(client, ranker.proc.pid, sends[p] * args.repeat) for p in order}
+                )
+    finally:
+        ranker.stop()
+    return summarize(args, rounds)
+
+
+def summarize(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    equal = all(r["json"]["scores"] == r["json-ref"]["scores"] for r in rounds)
+    keys = ("bytes_per_request", "server_cpu_ms", "model_score_ms", "outside_model_cpu_ms",
+            "client_p50_ms", "client_p99_ms")  # fmt: skip
+    per = {p: {k: statistics.median(r[p][k] for r in rounds) for k in keys} for p in PROTOCOLS}
+    for p in PROTOCOLS:
+        per[p]["caches"] = sorted({c for r in rounds for c in r[p]["caches"]})
+    ref, full = per["json-ref"], per["json"]
+    return {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "workload": {
+            "users": args.users,
+            "events": args.events,
+            "candidates": args.candidates,
+            "requests_per_block": args.users * args.repeat,
+            "rounds": args.rounds,
+        },
+        "protocols": per,
+        "ratios": {
+            "bytes_ref_vs_json": ref["bytes_per_request"] / full["bytes_per_request"],
+            "outside_model_cpu_ref_vs_json": ref["outside_model_cpu_ms"]
+            / full["outside_model_cpu_ms"],
+            "client_p50_ref_vs_json": ref["client_p50_ms"] / full["client_p50_ms"],
+        },
+        "equal_scores": equal,
+        "rounds": [
+            {p: {k: v for k, v in r[p].items() if k != "scores"} for p in PROTOCOLS} for r in rounds
+        ],
+    }
+
+
+def show(report: dict[str, Any]) -> None:
+    table = Table(title="one production-size L1 hit: medians over rounds")
+    for col in ("protocol", "bytes", "server CPU ms", "model ms", "outside model ms",
+                "p50 ms", "p99 ms"):  # fmt: skip
+        table.add_column(col)
+    for p, m in report["protocols"].items():
+        table.add_row(
+            p,
+            f"{m['bytes_per_request']:,.0f}",
+            f"{m['server_cpu_ms']:.2f}",
+            f"{m['model_score_ms']:.2f}",
+            f"{m['outside_model_cpu_ms']:.2f}",
+            f"{m['client_p50_ms']:.2f}",
+            f"{m['client_p99_ms']:.2f}",
+        )
+    console = Console(width=160)
+    console.print(table)
+    console.print({k: round(v, 4) for k, v in report["ratios"].items()})
+    console.print(f"equal scores (fp32, bitwise): {report['equal_scores']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=16)
+    parser.add_argument("--events", type=int, default=1500)
+    parser.add_argument("--candidates", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=8, help="each user's hits per block")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    report = run(args)
+    show(report)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    if not report["equal_scores"]:
+        raise SystemExit("the protocols returned different scores")
+
+
+if __name__ == "__main__":
+    main()
