@@ -46,6 +46,32 @@ def test_chain_recognises_prefixes_and_any_change(factory, tiny_cfg) -> None:
     assert factory.chain(edited, "fp", tiny_cfg)[-1] != chain[-1]
 
 
+def test_the_chain_keeps_its_definition_so_entries_outlive_an_upgrade(factory, tiny_cfg) -> None:
+    """Step by step, value i+1 is the digest of value i, event i's ids (int64) and its dense
+    features (float32): pods of different releases sharing a Redis name the same history the
+    same way, and a client's hash stays valid across a roll-out."""
+    from kvrank.cache.keys import _digest
+    from kvrank.model.onetrans import feature_spec, from_features
+
+    user = factory.user(tiny_cfg, 25, 4)
+    spec, inputs = feature_spec(tiny_cfg), from_features(user)
+    chain = factory.chain(user, "fp", tiny_cfg)
+    user_cols = [inputs.user[c.name] for c in spec.user]
+    value = _digest(
+        b"fp",
+        *(t.numpy().astype("<i8" if c.kind == "id" else "<f4").tobytes()
+          for c, t in zip(spec.user, user_cols, strict=True)),
+    )  # fmt: skip
+    assert chain[0] == value.hex()
+    for i in range(len(inputs)):
+        ids = [inputs.events[c.name][i].item() for c in spec.sequence if c.kind == "id"]
+        dense = [inputs.events[c.name][i] for c in spec.sequence if c.kind == "dense"]
+        id_bytes = b"".join(int(v).to_bytes(8, "little", signed=True) for v in ids)
+        dense_bytes = b"".join(d.numpy().astype("<f4").tobytes() for d in dense)
+        value = _digest(value, id_bytes, dense_bytes)
+        assert chain[i + 1] == value.hex(), i
+
+
 def k(name: str) -> CacheKey:
     return CacheKey("ns", "v1", name, "h")
 
