@@ -121,6 +121,40 @@ def test_each_user_reaches_the_pod_holding_its_entry(envoy: Envoy, tmp_path: Pat
             r.stop()
 
 
+def test_a_history_sent_by_reference_reaches_the_pod_holding_it(
+    envoy: Envoy, tmp_path: Path
+) -> None:
+    """Through the router a user's ``If-Match`` request (candidates only) reaches the pod
+    whose L1 holds the entry its ETag names, and is scored as the full request was; the same
+    reference sent to a pod without the entry (no shared Redis here) is a 412 there."""
+    model = artifact(tmp_path / "models", "v1", 0)
+    rankers = pods(tmp_path, model, 2, USERS)
+    try:
+        endpoints = tuple(("127.0.0.1", r.port) for r in rankers)
+        envoy.write(RouterConfig([Upstream("feed-v1", 100, True, endpoints)], port=envoy.port))
+        envoy.start()
+        url = f"http://127.0.0.1:{envoy.port}/v1/score"
+        for body in requests(10):
+            user = body["user_id"]
+            full = httpx.post(url, json=body, headers={"X-KVRank-User": user}, timeout=30)
+            assert full.status_code == 200, full.text
+            ref = {"user_id": user, "candidates": body["candidates"]}
+            tag = {"X-KVRank-User": user, "If-Match": full.headers["etag"]}
+            again = httpx.post(url, json=ref, headers=tag, timeout=30)
+            assert again.status_code == 200, again.text
+            assert again.json()["cache"] == "l1"
+            assert again.json()["scores"] == full.json()["scores"]
+        # each pod answers by reference only for the users it holds
+        statuses = Counter(
+            httpx.post(f"{r.url}/v1/score", json=ref, headers=tag, timeout=30).status_code
+            for r in rankers
+        )
+        assert statuses == Counter({200: 1, 412: 1}), statuses
+    finally:
+        for r in rankers:
+            r.stop()
+
+
 def test_a_canary_share_is_split_per_user_and_grows_by_a_band(envoy: Envoy, tmp_path: Path) -> None:
     stable = pods(tmp_path, artifact(tmp_path / "models", "v1", 0), 1, 10)
     canary = pods(tmp_path, artifact(tmp_path / "models", "v2", 1), 1, 10)
