@@ -347,6 +347,18 @@ def check_model(
         raise typer.Exit(code=1)
 
 
+DeadlineOption = Annotated[
+    int, typer.Option(min=1, max=60_000, help="overload: each caller's deadline.")
+]
+ProtocolOption = Annotated[
+    str,
+    typer.Option(
+        help="replay: json sends every history whole; json-ref sends an unchanged one by"
+        " reference (If-Match with the user's last ETag; whole again after a 412)."
+    ),
+]
+
+
 @app.command()
 def loadtest(
     profile: Annotated[
@@ -391,9 +403,8 @@ def loadtest(
     ] = "replay",
     factor: Annotated[float, typer.Option(min=1.0, help="overload: × capacity.")] = 4.0,
     duration: Annotated[float, typer.Option(min=1.0, help="overload: seconds of spike.")] = 15.0,
-    deadline_ms: Annotated[
-        int, typer.Option(min=1, max=60_000, help="overload: each caller's deadline.")
-    ] = 1_000,
+    deadline_ms: DeadlineOption = 1_000,
+    protocol: ProtocolOption = "json",
 ) -> None:
     """A workload against cache-enabled and cache-disabled servers side by side (the profile
     sets it, each option replaces a knob), or a spike with and without admission control."""
@@ -406,7 +417,7 @@ def loadtest(
         raise typer.BadParameter("replay or overload", param_hint="--scenario")
     knobs = {"users": users, "zipf_s": zipf, "arrival": arrival, "rate_qps": rate,
              "candidates": candidates, "new_events_prob": new_events_prob,
-             "history_fill": history_fill}  # fmt: skip
+             "history_fill": history_fill, "protocol": protocol}  # fmt: skip
     _replay(profile, model, json_out, knobs, pods, workload)
 
 
@@ -422,6 +433,7 @@ def _replay(
     from kvrank.errors import WorkloadError
     from kvrank.tools.jobs import run_loadtest
     from kvrank.tools.loadtest import SOURCES
+    from kvrank.tools.replay import PROTOCOLS
 
     if profile not in ("smoke", "quick", "full"):
         raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")
@@ -429,8 +441,11 @@ def _replay(
         raise typer.BadParameter("poisson or bursty", param_hint="--arrival")
     if workload not in SOURCES:
         raise typer.BadParameter(" or ".join(SOURCES), param_hint="--workload")
+    protocol = knobs.pop("protocol")
+    if protocol not in PROTOCOLS:
+        raise typer.BadParameter(" or ".join(PROTOCOLS), param_hint="--protocol")
     try:
-        run_loadtest(profile, model, json_out, knobs, pods, workload)
+        run_loadtest(profile, model, json_out, knobs, pods, workload, protocol)
     except WorkloadError as err:
         raise typer.BadParameter(str(err), param_hint="--model") from err
 

@@ -130,8 +130,11 @@ def run_loadtest(
     workload: dict[str, Any] | None = None,
     pods: int = 2,
     source: str = "synthetic",
+    protocol: str = "json",
 ) -> dict[str, Any]:
-    """``workload``: knobs that replace the profile's (``None`` values keep its own)."""
+    """``workload``: knobs that replace the profile's (``None`` values keep its own);
+    ``protocol``: how the cached side's requests send their history (``json-ref``: by
+    reference when unchanged)."""
     from dataclasses import replace
 
     from kvrank.tools.loadtest import PROFILES, run_load
@@ -153,6 +156,7 @@ def run_loadtest(
             workload=settings,
             pods=pods,
             source=source,
+            protocol=protocol,
             on_result=lambda side, _result: shown.advance(side),
         )
     _print_load(run.summary, f"kvrank loadtest — {profile} profile, {source} workload")

@@ -111,17 +111,21 @@ def run_load(
     workload: WorkloadSettings | None = None,
     pods: int = 2,
     source: str = "synthetic",
+    protocol: str = "json",
 ) -> LoadRun:
     """``workload`` replaces the profile's (request counts stay the profile's); ``pods``
     cache-enabled rankers share one Redis. ``source`` is one of :data:`SOURCES` (the
-    timeline takes its rate, candidates and seed from the workload settings)."""
+    timeline takes its rate, candidates and seed from the workload settings). ``protocol``
+    (:data:`~kvrank.tools.replay.PROTOCOLS`) is how the cached side sends histories; the
+    no-cache side always sends them whole (it holds none to refer to)."""
     prof = PROFILES[profile]
     settings = workload or prof.workload
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
     model_dir, origin, requests, described = _requests(source, model, tmp, prof, settings)
     with ProcessStack(tmp / "stack") as stack:
-        m = _measure(stack, model_dir, requests, prof.alone_requests, pods, on_result)
-    return LoadRun(_summary(profile, origin, described, pods, m), m.cache, m.nocache, m.alone)
+        m = _measure(stack, model_dir, requests, prof.alone_requests, pods, on_result, protocol)
+    summary = _summary(profile, origin, described, pods, m) | {"protocol": protocol}
+    return LoadRun(summary, m.cache, m.nocache, m.alone)
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ def _measure(
     alone_requests: int,
     pods: int,
     on_result: Callable[[str, Result], None] | None,
+    protocol: str = "json",
 ) -> _Measured:
     """The same requests at the same moments on ``pods`` cached and ``pods`` no-cache
     rankers (one Redis shared by the cached ones), then a no-cache ranker alone."""
@@ -168,7 +173,7 @@ def _measure(
 
     asyncio.run(warm_up(requests, [*cache_urls, *nocache_urls, alone_url]))
     encodes_before = _encodes(cache_urls)
-    cache = asyncio.run(replay(requests, cache_urls, 16, tag("cache")))
+    cache = asyncio.run(replay(requests, cache_urls, 16, tag("cache"), protocol=protocol))
     nocache = asyncio.run(replay(requests, nocache_urls, 16, tag("nocache")))
     one_by_one = [replace(r, at_s=0.0) for r in requests[:alone_requests]]
     alone = asyncio.run(replay(one_by_one, [alone_url], 1, tag("alone")))

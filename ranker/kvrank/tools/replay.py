@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import json
 import time
 from collections import Counter
@@ -31,6 +32,13 @@ loaded machine, errors the workload did not cause."""
 HEADERS = {"content-type": "application/json", TIMEOUT_HEADER: str(MAX_TIMEOUT_MS)}
 
 
+PROTOCOLS = ("json", "json-ref")
+"""How a replay sends each request's history: ``json``, always whole; ``json-ref``, by
+reference (``If-Match`` with the ETag its last answer named, candidates only) when the user's
+history is the one it sent last, whole otherwise and again whole after a 412 — what a caller
+that remembers its users' last ETag does."""
+
+
 @dataclass(frozen=True)
 class Result:
     sent_s: float
@@ -39,6 +47,27 @@ class Result:
     outcome: str  # l1 | l2 | incremental | miss | error
     target: int = 0
     """Index of the server URL the request went to."""
+    by_reference: str = ""
+    """``json-ref``: ``served`` (scored by reference), ``history_required`` (412, then sent
+    whole: its latency counts both), ``failed`` (another error answered the reference), or
+    empty (sent whole)."""
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A request's bodies, encoded before the clock starts."""
+
+    whole: bytes
+    by_reference: bytes
+    history: bytes
+    """A digest of everything but the candidates: whether the user's history changed."""
+
+    @staticmethod
+    def of(body: dict[str, Any]) -> _Encoded:
+        rest = {k: v for k, v in body.items() if k != "candidates"}
+        ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
+        digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).digest()
+        return _Encoded(json.dumps(body).encode(), json.dumps(ref).encode(), digest)
 
 
 @contextlib.contextmanager
@@ -61,28 +90,35 @@ async def replay(
     on_result: Callable[[Result], None] | None = None,
     speed: float = 1.0,
     routing_header: str | None = None,
+    protocol: str = "json",
 ) -> list[Result]:
     """Open-loop replay; ``speed`` > 1 compresses the schedule. With ``routing_header``
-    each request carries its user id there, as callers behind a hashing router do."""
+    each request carries its user id there, as callers behind a hashing router do.
+    ``protocol``: one of :data:`PROTOCOLS`."""
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
+    etags: dict[str, tuple[bytes, str]] = {}
+    """user → (history digest, ETag) of its last answer sent whole (``json-ref``)."""
 
-    async def one(session: aiohttp.ClientSession, i: int, req: Request, body: bytes) -> None:
+    async def one(session: aiohttp.ClientSession, i: int, req: Request, body: _Encoded) -> None:
         headers = HEADERS if routing_header is None else {**HEADERS, routing_header: req.user_id}
+        url = f"{urls[i % len(urls)]}/v1/score"
         async with sem:
             t0 = time.monotonic()
+            known, by_ref = etags.get(req.user_id), ""
             try:
-                async with session.post(
-                    f"{urls[i % len(urls)]}/v1/score", data=body, headers=headers
-                ) as resp:
-                    payload = await resp.read()
-                t1 = time.monotonic()
-                status = resp.status
-                outcome = json.loads(payload).get("cache", "error") if status == 200 else "error"
+                if protocol == "json-ref" and known is not None and known[0] == body.history:
+                    tagged = {**headers, "If-Match": known[1]}
+                    status, outcome, _ = await _post(session, url, body.by_reference, tagged)
+                    by_ref = {200: "served", 412: "history_required"}.get(status, "failed")
+                if by_ref in ("", "history_required"):
+                    status, outcome, etag = await _post(session, url, body.whole, headers)
+                    if etag is not None:
+                        etags[req.user_id] = (body.history, etag)
             except (aiohttp.ClientError, TimeoutError) as exc:  # named, not hidden in a count
-                t1 = time.monotonic()
                 outcome, status = f"error: {type(exc).__name__}", 0
-            r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(urls))
+            t1 = time.monotonic()
+            r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(urls), by_ref)
             results.append(r)
             if on_result:
                 on_result(r)
@@ -95,7 +131,7 @@ async def replay(
     timeout = aiohttp.ClientTimeout(total=WAIT_S)
     # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
     requests = list(requests)
-    bodies = [json.dumps(req.body).encode() for req in requests]
+    bodies = [_Encoded.of(req.body) for req in requests]
     with collector_off():
         start = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -107,6 +143,17 @@ async def replay(
                 tasks.append(asyncio.create_task(one(session, i, req, body)))
             await asyncio.gather(*tasks)
     return sorted(results, key=lambda r: r.sent_s)
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str, str | None]:
+    """One scoring call: its status, cache outcome (``error`` unless 200) and ETag."""
+    async with session.post(url, data=body, headers=headers) as resp:
+        payload = await resp.read()
+    if resp.status != 200:
+        return resp.status, "error", None
+    return resp.status, json.loads(payload).get("cache", "error"), resp.headers.get("etag")
 
 
 WARMUP_USERS = 4
@@ -157,4 +204,5 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         "p99_ms": float(np.percentile(lat, 99)),
         "mean_ms": float(lat.mean()),
         "qps": len(ok) / max(span, 1e-9),
+        "by_reference": dict(Counter(r.by_reference for r in results if r.by_reference)),
     }

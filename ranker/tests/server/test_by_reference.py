@@ -167,3 +167,31 @@ def test_mixed_or_malformed_references_are_refused_naming_the_field(make_client,
         assert resp.status_code == status, (field, headers, resp.text)
         assert resp.json()["field"] == field, resp.json()
     assert metric(client, "kvrank_history_by_reference_total") == 0
+
+
+def test_a_replay_by_reference_resends_the_history_only_after_a_412(
+    spawn_server, request_for
+) -> None:
+    """``kvrank loadtest --protocol json-ref``'s caller, against two real servers in turn
+    (no shared Redis): the second server does not hold the user's entry, answers the
+    reference 412, and the history is sent whole there; every later reference is served."""
+    import asyncio
+
+    from kvrank.tools.replay import replay
+    from kvrank.tools.workload import Request
+
+    servers = [spawn_server(), spawn_server()]
+    _, _, body = request_for("hana", n=7, c=5)
+    requests = [Request(0.0, "hana", body, returning=i > 0) for i in range(4)]
+    urls = [s.url for s in servers]
+    results = asyncio.run(replay(requests, urls, concurrency=1, protocol="json-ref"))
+    assert [r.status for r in results] == [200] * 4, results
+    assert [r.by_reference for r in results] == ["", "history_required", "served", "served"]
+    assert [r.outcome for r in results] == ["miss", "miss", "l1", "l1"]
+    # a changed history is sent whole, whatever the user's last ETag
+    _, _, changed = request_for("hana", n=8, c=5)
+    bodies = [body, body, changed, changed]
+    sent = [Request(0.0, "hana", b, returning=True) for b in bodies]
+    again = asyncio.run(replay(sent, urls[:1], concurrency=1, protocol="json-ref"))
+    assert [r.status for r in again] == [200] * 4, again
+    assert [r.by_reference for r in again] == ["", "served", "", "served"]
