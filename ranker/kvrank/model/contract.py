@@ -30,7 +30,7 @@ from kvrank.model.kv import UserKV
 
 ColumnKind = Literal["id", "dense"]
 MAX_ID = 2**63 - 1
-RESERVED_NAMES = frozenset({"user_id", "events", "candidates"})
+RESERVED_NAMES = frozenset({"user_id", "events", "candidates", "seq_hash"})
 """Top-level request fields kvrank owns: a user column may not take these names."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 

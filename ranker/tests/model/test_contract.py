@@ -54,6 +54,20 @@ class _ScoreRequest(BaseModel):
     candidates: _CandidatesIn
 
 
+class _ScoreRequestNow(BaseModel):
+    """The same, plus the history by reference: ``events`` may give way to ``seq_hash`` —
+    every body valid before is still valid and means the same."""
+
+    model_config = ConfigDict(extra="forbid")
+    user_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    events: _EventsIn | None = None
+    seq_hash: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    profile_ids: list[Id] = Field(default_factory=list, max_length=64)
+    context_ids: list[Id] = Field(default_factory=list, max_length=64)
+    user_dense: list[Finite] = Field(default_factory=list, max_length=256)
+    candidates: _CandidatesIn
+
+
 def _without_docs(doc: object) -> object:
     if isinstance(doc, dict):
         return {
@@ -68,7 +82,10 @@ def _without_docs(doc: object) -> object:
 
 def test_the_built_in_request_schema_is_the_one_clients_were_given(tiny_cfg) -> None:
     derived = request_model(feature_spec(tiny_cfg)).model_json_schema()
-    assert _without_docs(derived) == _without_docs(_ScoreRequest.model_json_schema())
+    assert _without_docs(derived) == _without_docs(_ScoreRequestNow.model_json_schema())
+    before = _without_docs(_ScoreRequest.model_json_schema())
+    assert isinstance(before, dict)
+    assert set(before["properties"]) | {"seq_hash"} == set(derived["properties"])
 
 
 def _old_chain(user, fingerprint: str) -> list[str]:
