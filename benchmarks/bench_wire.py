@@ -1,15 +1,19 @@
-"""What the wire costs a production-size L1 hit: the whole history as JSON against the history
-by reference (``If-Match: "<seq_hash>"``), side by side on one real ``kvrank serve``.
+"""What the wire costs a production-size L1 hit, side by side on one real ``kvrank serve``:
+the whole history as JSON (``json``), the history by reference (``json-ref``: ``If-Match:
+"<seq_hash>"``, candidates only), and the Open Inference Protocol's binary tensors as
+``tritonclient`` builds them, whole (``v2-binary``) and by reference (``v2-binary-ref``: the
+``seq_hash`` input).
 
 The body is production size (``PRODUCTION``'s columns: 1,500 events, 100 candidates) and the
 model is the same layout made light (one narrow layer), so the server's work around the
 model shows: receiving, parsing and validating the body, building tensors, hashing the
 history, admission, the cache lookup and the answer. Every user's entry is made first; then
-blocks of L1 hits are sent one at a time (no queueing) by each protocol in turn, the order
-swapped every round. For each block: bytes sent per request, client p50/p99, and the
-server's CPU per request outside the model — its process CPU time (``/proc``, every thread)
-less the model's scoring time (``kvrank_stage_seconds{stage="score"}``; one torch thread,
-so that time is its CPU time), both read around the block. Both protocols must return the
+blocks of L1 hits are sent one at a time (no queueing) by each protocol in turn, each
+protocol first in turn from round to round. For each block: bytes sent per request, client
+p50/p99, and the server's CPU per request outside the model — its process CPU time
+(``/proc``, every thread) less the model's scoring time
+(``kvrank_stage_seconds{stage="score"}``; one torch thread, so that time is its CPU time),
+both read around the block. Every protocol must return the
 same scores to the last bit for every user (the run fails otherwise). Prints a table and
 writes JSON; ``make bench-wire`` runs it.
 """
@@ -23,11 +27,14 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import torch
+import tritonclient.http as triton
 from rich.console import Console
 from rich.table import Table
 
@@ -36,13 +43,68 @@ from kvrank.model.config import PRODUCTION
 from kvrank.model.features import example_candidates, example_user
 from kvrank.model.onetrans import feature_spec
 from kvrank.model.ranker import RankerModel
+from kvrank.server.oip import HEADER_LENGTH
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess
 
 LIGHT = PRODUCTION.model_copy(update={"d_model": 32, "n_layers": 1, "ffn_mult": 1})
 """Production's columns and window, one narrow layer: a model whose work is small and is
 subtracted anyway."""
-PROTOCOLS = ("json", "json-ref")
+PROTOCOLS = ("json", "json-ref", "v2-binary", "v2-binary-ref")
+INFER = "/v2/models/ranker/infer"
+
+
+@dataclass(frozen=True)
+class Send:
+    """One request as it goes on the wire, and how its answer reads."""
+
+    path: str
+    raw: bytes
+    headers: dict[str, str]
+
+    def scores(self, resp: httpx.Response) -> tuple[str, list[float]]:
+        """The answer's cache outcome and scores."""
+        if self.path != INFER:
+            doc = resp.json()
+            return doc["cache"], doc["scores"]
+        size = int(resp.headers[HEADER_LENGTH])
+        head = json.loads(resp.content[:size])
+        scores = np.frombuffer(resp.content[size:], "<f4").astype(float).tolist()
+        return head["parameters"]["cache"], scores
+
+
+def v2_binary(body: dict[str, Any], seq_hash: str | None = None) -> Send:
+    """What ``tritonclient`` sends for ``body``: binary tensors, scores asked as binary."""
+    spec = feature_spec(LIGHT)
+    arrays: list[tuple[str, str, np.ndarray]] = [
+        ("user_id", "BYTES", np.array([body["user_id"].encode()], dtype=object))
+    ]
+    groups = [("candidates", c, body["candidates"][c.name]) for c in spec.candidate]
+    if seq_hash is not None:
+        arrays.append(("seq_hash", "BYTES", np.array([seq_hash.encode()], dtype=object)))
+    else:
+        groups = [
+            *(("events", c, body["events"][c.name]) for c in spec.sequence),
+            *(("user", c, body[c.name]) for c in spec.user),
+            *groups,
+        ]
+    for group, col, values in groups:
+        name = col.name if group == "user" else f"{group}.{col.name}"
+        dtype, kind = (np.int64, "INT64") if col.kind == "id" else (np.float32, "FP32")
+        arrays.append((name, kind, np.asarray(values, dtype=dtype)))
+    inputs = []
+    for name, kind, array in arrays:
+        tensor = triton.InferInput(name, list(array.shape), kind)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    outputs = [triton.InferRequestedOutput("scores")]
+    raw, json_size = triton.InferenceServerClient.generate_request_body(inputs, outputs)
+    headers = {"content-type": "application/octet-stream"}
+    if json_size is not None:
+        headers[HEADER_LENGTH] = str(json_size)
+    return Send(INFER, raw, headers)
+
+
 SCORE_SUM = "kvrank_stage_seconds_sum"
 
 
@@ -74,33 +136,31 @@ def bodies(users: int, events: int, candidates: int, seed: int) -> list[dict[str
     ]
 
 
-def block(
-    client: httpx.Client, pid: int, sends: list[tuple[bytes, dict[str, str]]]
-) -> dict[str, Any]:
+def block(client: httpx.Client, pid: int, sends: list[Send]) -> dict[str, Any]:
     """Send every request once, one at a time; what the block cost on each side."""
     score0 = scored_s(client)
     cpu0 = cpu_s(pid)
     latencies, answers = [], []
-    for raw, headers in sends:
+    for send in sends:
         started = time.perf_counter()
-        resp = client.post("/v1/score", content=raw, headers=headers)
+        resp = client.post(send.path, content=send.raw, headers=send.headers)
         latencies.append((time.perf_counter() - started) * 1e3)
         resp.raise_for_status()
-        answers.append(resp.json())
+        answers.append(send.scores(resp))
     cpu1 = cpu_s(pid)
     score1 = scored_s(client)
     n = len(sends)
     q = statistics.quantiles(latencies, n=100)
     return {
         "requests": n,
-        "bytes_per_request": sum(len(raw) for raw, _ in sends) / n,
+        "bytes_per_request": sum(len(s.raw) for s in sends) / n,
         "server_cpu_ms": (cpu1 - cpu0) * 1e3 / n,
         "model_score_ms": (score1 - score0) * 1e3 / n,
         "outside_model_cpu_ms": ((cpu1 - cpu0) - (score1 - score0)) * 1e3 / n,
         "client_p50_ms": q[49],
         "client_p99_ms": q[98],
-        "caches": sorted({a["cache"] for a in answers}),
-        "scores": [a["scores"] for a in answers],
+        "caches": sorted({cache for cache, _ in answers}),
+        "scores": [scores for _, scores in answers],
     }
 
 
@@ -118,18 +178,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ranker = RankerProcess.start(work / "model", work, *args_, env=ttl)
     try:
         with httpx.Client(base_url=ranker.url, timeout=60) as client:
-            sends: dict[str, list[tuple[bytes, dict[str, str]]]] = {"json": [], "json-ref": []}
+            sends: dict[str, list[Send]] = {p: [] for p in PROTOCOLS}
             for body in users:
                 raw = json.dumps(body).encode()
                 first = client.post("/v1/score", content=raw, headers=json_header)
                 first.raise_for_status()
                 ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
                 tag = {**json_header, "If-Match": first.headers["etag"]}
-                sends["json"].append((raw, json_header))
-                sends["json-ref"].append((json.dumps(ref).encode(), tag))
+                sends["json"].append(Send("/v1/score", raw, json_header))
+                sends["json-ref"].append(Send("/v1/score", json.dumps(ref).encode(), tag))
+                sends["v2-binary"].append(v2_binary(body))
+                sends["v2-binary-ref"].append(v2_binary(body, first.json()["seq_hash"]))
             rounds: list[dict[str, Any]] = []
             for r in range(args.rounds):
-                order = PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]
+                order = PROTOCOLS[r % 4 :] + PROTOCOLS[: r % 4]  # each first in turn
                 rounds.append(
                     {p: block(client, ranker.proc.pid, sends[p] * args.repeat) for p in order}
                 )
@@ -139,13 +201,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    equal = all(r["json"]["scores"] == r["json-ref"]["scores"] for r in rounds)
+    equal = all(r[p]["scores"] == r["json"]["scores"] for r in rounds for p in PROTOCOLS)
     keys = ("bytes_per_request", "server_cpu_ms", "model_score_ms", "outside_model_cpu_ms",
             "client_p50_ms", "client_p99_ms")  # fmt: skip
     per = {p: {k: statistics.median(r[p][k] for r in rounds) for k in keys} for p in PROTOCOLS}
     for p in PROTOCOLS:
         per[p]["caches"] = sorted({c for r in rounds for c in r[p]["caches"]})
-    ref, full = per["json-ref"], per["json"]
+    full = per["json"]
     return {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "workload": {
@@ -157,10 +219,11 @@ def summarize(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[st
         },
         "protocols": per,
         "ratios": {
-            "bytes_ref_vs_json": ref["bytes_per_request"] / full["bytes_per_request"],
-            "outside_model_cpu_ref_vs_json": ref["outside_model_cpu_ms"]
-            / full["outside_model_cpu_ms"],
-            "client_p50_ref_vs_json": ref["client_p50_ms"] / full["client_p50_ms"],
+            f"{p}_vs_json": {
+                k: per[p][k] / full[k]
+                for k in ("bytes_per_request", "outside_model_cpu_ms", "client_p50_ms")
+            }
+            for p in PROTOCOLS[1:]
         },
         "equal_scores": equal,
         "rounds": [
@@ -186,7 +249,8 @@ def show(report: dict[str, Any]) -> None:
         )
     console = Console(width=160)
     console.print(table)
-    console.print({k: round(v, 4) for k, v in report["ratios"].items()})
+    for name, ratios in report["ratios"].items():
+        console.print(name, {k: round(v, 3) for k, v in ratios.items()})
     console.print(f"equal scores (fp32, bitwise): {report['equal_scores']}")
 
 

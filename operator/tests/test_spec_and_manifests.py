@@ -123,6 +123,8 @@ def test_every_variable_the_operator_sets_is_a_ranker_setting() -> None:
     (ranker,) = dep["spec"]["template"]["spec"]["containers"]
     names = {e["name"] for e in ranker["env"] if e["name"].startswith("KVRANK_")}
     assert {"KVRANK_MODEL_DIR", "KVRANK_MODEL_VERSION", "KVRANK_CONFIG_FILE"} <= names
+    # the Open Inference Protocol serves the model under the deployment's name
+    assert {"name": "KVRANK_MODEL_NAME", "value": "feed"} in ranker["env"]
     assert names <= set(environment_variables()), names - set(environment_variables())
 
 

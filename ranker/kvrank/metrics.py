@@ -34,6 +34,9 @@ STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
 CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 SCORE_ROUTE = "/v1/score"
+INFER_ROUTES = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer")
+"""The Open Inference Protocol's scoring routes (templates, as the responses counter and
+the access lines name them)."""
 SCORE_CODES = ("200", "412", "422", "500", "503", "504")
 """Responses of the scoring route exported from the start: a series born at its first
 response hides that response from Prometheus' ``increase()`` (a canary's first 5xx

@@ -161,7 +161,7 @@ def ranker_pod(
     ranker = _container(
         spec,
         spec.image_of(role),
-        _env(spec, namespace_for(instance, namespace, version), version, uri, sha256),
+        _env(spec, instance, namespace_for(instance, namespace, version), version, uri, sha256),
         mounts,
         resources,
     )
@@ -197,7 +197,12 @@ def ranker_pod(
 
 
 def _env(
-    spec: RankerSpec, cache_namespace: str, version: str, uri: str, sha256: str | None
+    spec: RankerSpec,
+    instance: str,
+    cache_namespace: str,
+    version: str,
+    uri: str,
+    sha256: str | None,
 ) -> list[dict[str, Any]]:
     """The ranker's settings that differ per version (the rest is in the config file)."""
     checksum = [{"name": "KVRANK_MODEL_SHA256", "value": sha256}] if sha256 else []
@@ -212,6 +217,8 @@ def _env(
         {"name": "KVRANK_MODEL_DIR", "value": uri},
         {"name": "KVRANK_NAMESPACE", "value": cache_namespace},
         {"name": "KVRANK_MODEL_VERSION", "value": version},
+        # the Open Inference Protocol's model name (/v2/models/<name>): the deployment's
+        {"name": "KVRANK_MODEL_NAME", "value": instance},
         {"name": "KVRANK_CONFIG_FILE", "value": CONFIG_FILE},
         {"name": "KVRANK_MODEL_CACHE_DIR", "value": MODEL_CACHE_MOUNT},
         {"name": "KVRANK_HOST", "value": "0.0.0.0"},

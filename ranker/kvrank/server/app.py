@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from kvrank.admission import watch_loop_lag
 from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
-from kvrank.server import errors, probes, routes
+from kvrank.server import errors, probes, routes, v2
 from kvrank.server.config import ServerConfig
 from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
@@ -60,6 +60,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
     app.add_middleware(Edge, **dataclasses.asdict(screener))
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(v2.router)
     return app
 
 

@@ -73,6 +73,12 @@ class ServerConfig(BaseSettings):
         description="When set, the artifact's version must equal it (the operator sets it to"
         " the version its Deployment is labelled with).",
     )
+    model_name: str = Field(
+        "ranker",
+        pattern=r"^[A-Za-z0-9_.\-]{1,253}$",
+        description="The name the Open Inference Protocol serves the model under"
+        " (/v2/models/{model_name}); the operator sets the RankerDeployment's name.",
+    )
     model_sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-fA-F]{64}$",

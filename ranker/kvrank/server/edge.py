@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvrank.admission import Deadline
 from kvrank.errors import HeaderError, Overloaded
-from kvrank.metrics import SCORE_ROUTE
+from kvrank.metrics import INFER_ROUTES, SCORE_ROUTE
 from kvrank.server import logs
 
 log = logging.getLogger("kvrank.server")
@@ -84,7 +84,12 @@ def shed_headers(exc: Overloaded) -> dict[str, str]:
 
 
 def access_line(
-    request_id: str, status: int, started: float, record: AccessRecord | None, shed: bool
+    request_id: str,
+    status: int,
+    started: float,
+    record: AccessRecord | None,
+    shed: bool,
+    route: str = SCORE_ROUTE,
 ) -> None:
     """A scoring request's access line (``started``: its :func:`time.perf_counter`); a shed
     request's is sampled (:func:`kvrank.server.logs.shed_line_due`)."""
@@ -96,7 +101,7 @@ def access_line(
         extra["sheds_not_logged"] = skipped
     fields = {
         "request_id": request_id,
-        "route": SCORE_ROUTE,
+        "route": route,
         "status": status,
         "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
         **dataclasses.asdict(record or AccessRecord()),
@@ -197,8 +202,8 @@ class Edge:
         # the matched template, not the path: bounded cardinality
         route = getattr(scope.get("route"), "path", route)
         self.observe(route, status)
-        if route == SCORE_ROUTE:
-            access_line(request_id, status, started, state.get("access"), shed=shed)
+        if route == SCORE_ROUTE or route in INFER_ROUTES:
+            access_line(request_id, status, started, state.get("access"), shed, route)
 
     def _bounded(self, receive: Receive) -> Receive:
         """``receive``, refusing a streamed body once it grows past ``max_body_bytes``."""

@@ -1,0 +1,139 @@
+"""The Open Inference Protocol (v2) routes on the scoring port: health, server and model
+metadata, and ``infer`` with JSON or binary tensors (:mod:`kvrank.server.oip`).
+
+An inference request is a scoring request in other clothes: the same admission and deadline
+(``x-kvrank-timeout-ms``), the same routing-header rule, the same checks of every input
+(an error names the input), the same cache and the history by reference (the ``seq_hash``
+input, or ``If-Match``: 412 ``history_required`` when no tier holds it). The answer's
+``parameters`` carry the cache outcome, the ``seq_hash`` (also the ``ETag``) and the number
+of events, as ``/v1/score``'s body does. The model is served under ``model_name`` at its
+artifact's version; another name or version is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from kvrank import __version__
+from kvrank.errors import InputError, RoutingKeyError
+from kvrank.metrics import INFER_ROUTES
+from kvrank.model.features import check_candidates, check_user
+from kvrank.server import oip
+from kvrank.server.edge import AccessRecord, error_body
+from kvrank.server.routes import screen
+from kvrank.server.schemas import IF_MATCH, etag, if_match
+from kvrank.server.state import AppState, app_state
+
+PREFIX = "/v2"
+router = APIRouter(prefix=PREFIX)
+
+
+def check_user_id(request: Request, state: AppState, user_id: str) -> None:
+    """The routing header, when sent, must name the ``user_id`` input's user."""
+    header = state.cfg.routing_header
+    routed = request.headers.get(header)
+    if routed is not None and routed != user_id:
+        raise RoutingKeyError(header, "must equal the user_id input (the key a proxy routes by)")
+
+
+State = Annotated[AppState, Depends(app_state)]
+
+
+@router.get("")
+async def server_metadata() -> dict[str, Any]:
+    return {"name": "kvrank", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/health/live")
+async def live() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/health/ready")
+async def ready(state: State) -> Response:
+    return Response(status_code=200 if state.ready else 503)
+
+
+def _unknown(state: AppState, name: str, version: str | None) -> JSONResponse | None:
+    """A 404 for a model this pod does not serve (``None``: it does)."""
+    if not state.ready:
+        return JSONResponse({"error": "the model is not loaded yet"}, status_code=503)
+    served = state.started.model.version
+    if name != state.cfg.model_name or version not in (None, served):
+        wanted = name if version is None else f"{name} version {version}"
+        served_as = f"{state.cfg.model_name} version {served}"
+        return JSONResponse({"error": f"no model {wanted}: this pod serves {served_as}"}, 404)
+    return None
+
+
+@router.get("/models/{name}")
+@router.get("/models/{name}/versions/{version}")
+async def model_metadata(state: State, name: str, version: str | None = None) -> Response:
+    refusal = _unknown(state, name, version)
+    if refusal is not None:
+        return refusal
+    svc = state.started
+    doc = {
+        "name": name,
+        "versions": [svc.model.version],
+        "platform": "kvrank",
+        "inputs": oip.input_metadata(svc.features),
+        "outputs": oip.OUTPUTS,
+    }
+    return JSONResponse(doc)
+
+
+@router.get("/models/{name}/ready")
+@router.get("/models/{name}/versions/{version}/ready")
+async def model_ready(state: State, name: str, version: str | None = None) -> Response:
+    return _unknown(state, name, version) or Response(status_code=200)
+
+
+@router.post(INFER_ROUTES[0].removeprefix(PREFIX))
+@router.post(INFER_ROUTES[1].removeprefix(PREFIX))
+async def infer(request: Request, state: State, name: str, version: str | None = None) -> Response:
+    refusal = _unknown(state, name, version)
+    if refusal is not None:
+        return refusal
+    deadline = screen(state, dict(request.scope["headers"]))
+    svc = state.started
+    try:
+        req = oip.decode(await request.body(), request.headers.get(oip.HEADER_LENGTH))
+        inputs = oip.model_inputs(req, svc.features, if_match(request.headers.get(IF_MATCH)))
+        check_user_id(request, state, inputs.user_id)
+        if inputs.user is not None:
+            check_user(svc.features, inputs.user)
+        check_candidates(svc.features, inputs.candidates)
+    except InputError as exc:
+        # the protocol's error answer: 400, the message naming the input (what clients show)
+        body = error_body(str(exc), request.state.request_id, exc.field)
+        return JSONResponse(body, status_code=400)
+    access = AccessRecord(user=state.user_hash(inputs.user_id), model_version=svc.model.version)
+    request.state.access = access
+    if inputs.seq_hash is not None:
+        result = await svc.score_by_reference(
+            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
+        )
+    else:
+        assert inputs.user is not None  # decoded with its history
+        result = await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
+    access.cache, access.candidates = result.outcome.value, len(result.scores)
+    answer = {
+        "model_name": name,
+        "model_version": svc.model.version,
+        "id": req.header.get("id", request.state.request_id),
+        "parameters": {
+            "cache": result.outcome.value,
+            "seq_hash": result.seq_hash,
+            "events": result.events,
+        },
+    }
+    content, head = oip.encode_answer(answer, result.scores.cpu().numpy(), req.binary_output)
+    headers = {"ETag": etag(result.seq_hash)} if result.seq_hash else {}
+    if head is not None:
+        headers[oip.HEADER_LENGTH] = str(head)
+        return Response(content, media_type="application/octet-stream", headers=headers)
+    return Response(content, media_type="application/json", headers=headers)
