@@ -197,3 +197,46 @@ def test_tritonclient_scores_against_a_real_server(spawn_server, request_for, sp
             client.infer(MODEL, [bad])
     finally:
         client.close()
+
+
+def test_whatever_a_client_sends_to_infer_is_never_a_server_error(make_client, request_for, spec):
+    """Inference requests drawn at random — names, datatypes, shapes, data and binary parts
+    of any kind, around a valid request's inputs — are answered 200, 400 or 412, never 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    client = make_client()
+    _, _, body = request_for("lee")
+    valid = json_request(tensors(body, spec))["inputs"]
+    scalars = st.one_of(
+        st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=5), st.none()
+    )
+    data = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+    tensor = st.fixed_dictionaries(
+        {
+            "name": st.sampled_from([t["name"] for t in valid] + ["x", ""]),
+            "datatype": st.sampled_from(["INT64", "FP32", "BYTES", "INT8", 7]),
+            "shape": st.one_of(st.lists(st.integers(-2, 5), max_size=3), st.none()),
+        },
+        optional={
+            "data": data,
+            "parameters": st.fixed_dictionaries(
+                {"binary_data_size": st.one_of(st.integers(-1, 64), st.booleans())}
+            ),
+        },
+    )
+    requests = st.tuples(
+        st.lists(st.one_of(tensor, st.sampled_from(valid)), max_size=6), st.binary(max_size=64)
+    )
+    slow = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=slow)
+    @given(req=requests)
+    def check(req) -> None:
+        inputs, tail = req
+        head = json.dumps({"inputs": inputs}).encode()
+        headers = {"Inference-Header-Content-Length": str(len(head))} if tail else {}
+        resp = client.post(INFER, content=head + tail, headers=headers)
+        assert resp.status_code in (200, 400, 412), (inputs, tail, resp.text)
+
+    check()
