@@ -256,10 +256,18 @@ def example_request(
     events: Annotated[int, typer.Option(min=1, max=10_000, help="Events in its history.")] = 20,
     candidates: Annotated[int, typer.Option(min=1, max=10_000, help="Candidates.")] = 50,
     seed: Annotated[int, typer.Option(help="Seed of the random ids and values.")] = 0,
+    protocol: Annotated[
+        str, typer.Option(help="json: a /v1/score body; v2: a /v2/models/{name}/infer body.")
+    ] = "json",
+    seq_hash: Annotated[
+        str | None,
+        typer.Option(help="The history by reference: an answer's seq_hash (candidates only)."),
+    ] = None,
 ) -> None:
     """Print a valid /v1/score body for this model: its own fields, ids inside its
     vocabularies, random values (the same for a seed). E.g. `kvrank example-request
-    artifacts/quick > request.json`; without candidates it is a /v1/prefetch body."""
+    artifacts/quick > request.json`; without candidates it is a /v1/prefetch body. With
+    --protocol v2, the same request as Open Inference Protocol JSON tensors."""
     import json
 
     import torch
@@ -279,7 +287,15 @@ def example_request(
     body = body_for(spec, user, user_input, example_candidates(spec, candidates, g))
     # dense values to 4 decimals: a body a person can read and edit
     short = json.loads(json.dumps(body), parse_float=lambda text: round(float(text), 4))
-    typer.echo(json.dumps(short))
+    if protocol == "v2":
+        from kvrank.server.oip import json_request
+
+        typer.echo(json.dumps(json_request(spec, short, seq_hash)))
+    elif protocol == "json":
+        by_ref = {"user_id": user, "candidates": short["candidates"], "seq_hash": seq_hash}
+        typer.echo(json.dumps(short if seq_hash is None else by_ref))
+    else:
+        raise typer.BadParameter("json or v2", param_hint="--protocol")
 
 
 @app.command("model-digest")

@@ -249,3 +249,27 @@ def encode_answer(
     output["parameters"] = {"binary_data_size": int(data.nbytes)}
     head = json.dumps({**header, "outputs": [output]}).encode()
     return head + data.tobytes(), len(head)
+
+
+def json_request(
+    spec: FeatureSpec, body: dict[str, Any], seq_hash: str | None = None
+) -> dict[str, Any]:
+    """The v2 inference request (JSON tensors) of a ``/v1/score`` body; with ``seq_hash``,
+    the history by reference (the candidates only)."""
+
+    def tensor(name: str, datatype: str, shape: list[int], data: list[Any]) -> dict[str, Any]:
+        return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+    inputs = [tensor(USER_ID, "BYTES", [1], [body["user_id"]])]
+    if seq_hash is not None:
+        inputs.append(tensor(SEQ_HASH, "BYTES", [1], [seq_hash]))
+    for name, col, group in _columns(spec):
+        if seq_hash is not None and group != "candidates":
+            continue
+        values = body[col.name] if group == "user" else body[group][col.name]
+        array = np.asarray(values, dtype=np.int64 if col.kind == "id" else np.float64)
+        if group != "user" and col.kind == "dense":
+            array = array.reshape(-1, col.width)
+        dtype = "INT64" if col.kind == "id" else "FP32"
+        inputs.append(tensor(name, dtype, list(array.shape), array.ravel().tolist()))
+    return {"inputs": inputs}

@@ -151,6 +151,19 @@ def test_example_request_prints_a_body_the_model_scores(
     # the same seed, the same body (a request.json that stays put)
     again = kvrank_cli("example-request", str(directory), "--user", "ann", "--candidates", "7")
     assert again.stdout == out.stdout
+    # each other form of the same request: the same scores
+    seq_hash, scores = resp.json()["seq_hash"], resp.json()["scores"]
+    args = ("example-request", str(directory), "--user", "ann", "--candidates", "7")
+    forms = {
+        "/v1/score": kvrank_cli(*args, "--seq-hash", seq_hash),
+        "/v2/models/ranker/infer": kvrank_cli(*args, "--protocol", "v2"),
+        "/v2/models/ranker/infer ": kvrank_cli(*args, "--protocol", "v2", "--seq-hash", seq_hash),
+    }
+    for route, printed in forms.items():
+        answer = client.post(route.strip(), json=json.loads(printed.stdout))
+        assert answer.status_code == 200, (route, answer.text)
+        doc = answer.json()
+        assert doc.get("scores", doc.get("outputs", [{}])[0].get("data")) == scores, route
 
 
 def test_example_request_without_an_artifact_says_so(tmp_path) -> None:
