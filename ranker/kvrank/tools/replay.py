@@ -63,11 +63,14 @@ class _Encoded:
     """A digest of everything but the candidates: whether the user's history changed."""
 
     @staticmethod
-    def of(body: dict[str, Any]) -> _Encoded:
+    def of(body: dict[str, Any], protocol: str) -> _Encoded:
+        whole = json.dumps(body).encode()
+        if protocol != "json-ref":
+            return _Encoded(whole, b"", b"")
         rest = {k: v for k, v in body.items() if k != "candidates"}
-        ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
+        ref = {"user_id": body.get("user_id"), "candidates": body.get("candidates")}
         digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).digest()
-        return _Encoded(json.dumps(body).encode(), json.dumps(ref).encode(), digest)
+        return _Encoded(whole, json.dumps(ref).encode(), digest)
 
 
 @contextlib.contextmanager
@@ -131,7 +134,7 @@ async def replay(
     timeout = aiohttp.ClientTimeout(total=WAIT_S)
     # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
     requests = list(requests)
-    bodies = [_Encoded.of(req.body) for req in requests]
+    bodies = [_Encoded.of(req.body, protocol) for req in requests]
     with collector_off():
         start = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
