@@ -113,10 +113,39 @@ def test_the_quickstart_applied_as_it_is_answers_the_readmes_request_through_sta
     assert answer["model_version"] == "v1" and answer["cache"] == "miss", answer
     again = httpx.post(f"{base}/v1/score", json=request, timeout=30).json()
     assert again["cache"] == "l1" and again["scores"] == answer["scores"], again
+    # the same request by reference, and as Open Inference Protocol tensors under the
+    # deployment's name, built from the model metadata the pod serves
+    by_ref = {"user_id": request["user_id"], "candidates": request["candidates"]}
+    tag = {"If-Match": first.headers["etag"]}
+    ref = httpx.post(f"{base}/v1/score", json=by_ref, headers=tag, timeout=30).json()
+    assert ref["scores"] == answer["scores"], ref
+    model = httpx.get(f"{base}/v2/models/{ranker.name}", timeout=30).json()
+    v2 = v2_request(model, request)
+    infer = httpx.post(f"{base}/v2/models/{ranker.name}/infer", json=v2, timeout=30)
+    assert infer.status_code == 200, infer.text
+    assert infer.json()["outputs"][0]["data"] == answer["scores"]
     (pod,) = ranker.pods()
     assert pod["spec"]["containers"][0]["image"] == stack.images.quickstart
     redis = {p["spec"]["containers"][0]["image"] for p in ranker.pods("redis")}
     assert redis == {stack.images.redis}, "the chart's defaultImages.redis"
+
+
+def v2_request(model: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` (a /v1/score body) as the v2 inference request the model's metadata
+    describes: every input but the optional seq_hash, its values flattened."""
+    inputs = []
+    for t in model["inputs"]:
+        if t.get("optional"):
+            continue
+        group, _, column = t["name"].rpartition(".")
+        values = request[t["name"]] if not group else request[group][column]
+        flat = [values] if t["datatype"] == "BYTES" else values
+        while flat and isinstance(flat[0], list):
+            flat = [v for row in flat for v in row]
+        rows = len(values) if isinstance(values, list) else 1
+        shape = [rows if d == -1 else d for d in t["shape"]]
+        inputs.append({**t, "shape": shape, "data": flat})
+    return {"inputs": inputs}
 
 
 def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(
