@@ -44,6 +44,7 @@ from kvrank.model.features import example_candidates, example_user
 from kvrank.model.onetrans import feature_spec
 from kvrank.model.ranker import RankerModel
 from kvrank.server.oip import HEADER_LENGTH
+from kvrank.server.oip import tensors as oip_tensors
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess
 
@@ -75,23 +76,7 @@ class Send:
 
 def v2_binary(body: dict[str, Any], seq_hash: str | None = None) -> Send:
     """What ``tritonclient`` sends for ``body``: binary tensors, scores asked as binary."""
-    spec = feature_spec(LIGHT)
-    arrays: list[tuple[str, str, np.ndarray]] = [
-        ("user_id", "BYTES", np.array([body["user_id"].encode()], dtype=object))
-    ]
-    groups = [("candidates", c, body["candidates"][c.name]) for c in spec.candidate]
-    if seq_hash is not None:
-        arrays.append(("seq_hash", "BYTES", np.array([seq_hash.encode()], dtype=object)))
-    else:
-        groups = [
-            *(("events", c, body["events"][c.name]) for c in spec.sequence),
-            *(("user", c, body[c.name]) for c in spec.user),
-            *groups,
-        ]
-    for group, col, values in groups:
-        name = col.name if group == "user" else f"{group}.{col.name}"
-        dtype, kind = (np.int64, "INT64") if col.kind == "id" else (np.float32, "FP32")
-        arrays.append((name, kind, np.asarray(values, dtype=dtype)))
+    arrays = oip_tensors(feature_spec(LIGHT), body, seq_hash)
     inputs = []
     for name, kind, array in arrays:
         tensor = triton.InferInput(name, list(array.shape), kind)

@@ -251,25 +251,38 @@ def encode_answer(
     return head + data.tobytes(), len(head)
 
 
+def tensors(
+    spec: FeatureSpec,
+    body: dict[str, Any],
+    seq_hash: str | None = None,
+    dense: type[np.floating[Any]] = np.float32,
+) -> list[tuple[str, str, np.ndarray]]:
+    """The v2 input tensors ``(name, datatype, values)`` of a ``/v1/score`` body; with
+    ``seq_hash``, the history by reference (the candidates only). ``dense``: the dtype FP32
+    values are held in (``float64`` keeps a body's decimals as it wrote them)."""
+    out = [(USER_ID, "BYTES", np.array([body["user_id"].encode()], dtype=object))]
+    if seq_hash is not None:
+        out.append((SEQ_HASH, "BYTES", np.array([seq_hash.encode()], dtype=object)))
+    for name, col, group in _columns(spec):
+        if seq_hash is not None and group != "candidates":
+            continue
+        values = body[col.name] if group == "user" else body[group][col.name]
+        array = np.asarray(values, dtype=np.int64 if col.kind == "id" else dense)
+        if group != "user" and col.kind == "dense":
+            array = array.reshape(-1, col.width)
+        out.append((name, "INT64" if col.kind == "id" else "FP32", array))
+    return out
+
+
 def json_request(
     spec: FeatureSpec, body: dict[str, Any], seq_hash: str | None = None
 ) -> dict[str, Any]:
     """The v2 inference request (JSON tensors) of a ``/v1/score`` body; with ``seq_hash``,
     the history by reference (the candidates only)."""
-
-    def tensor(name: str, datatype: str, shape: list[int], data: list[Any]) -> dict[str, Any]:
-        return {"name": name, "datatype": datatype, "shape": shape, "data": data}
-
-    inputs = [tensor(USER_ID, "BYTES", [1], [body["user_id"]])]
-    if seq_hash is not None:
-        inputs.append(tensor(SEQ_HASH, "BYTES", [1], [seq_hash]))
-    for name, col, group in _columns(spec):
-        if seq_hash is not None and group != "candidates":
-            continue
-        values = body[col.name] if group == "user" else body[group][col.name]
-        array = np.asarray(values, dtype=np.int64 if col.kind == "id" else np.float64)
-        if group != "user" and col.kind == "dense":
-            array = array.reshape(-1, col.width)
-        dtype = "INT64" if col.kind == "id" else "FP32"
-        inputs.append(tensor(name, dtype, list(array.shape), array.ravel().tolist()))
+    inputs = []
+    for name, datatype, array in tensors(spec, body, seq_hash, dense=np.float64):
+        data = [v.decode() for v in array] if datatype == "BYTES" else array.ravel().tolist()
+        inputs.append(
+            {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+        )
     return {"inputs": inputs}
