@@ -233,7 +233,7 @@ class RankingService:
         time went; the sequence hash it is cached under."""
         t = time.perf_counter()
         chain = sequence_chain(user, self.fingerprint, self.features)
-        key = self.cache.key(user_id, chain[-1])
+        key = self.cache.key(user_id, chain.seq_hash)
         timings = {"hash": _ms(t)}
         found = await self.cache.get_or_create(
             key,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvrank.cache import sequence_chain
+from kvrank.cache import SequenceChain, sequence_chain
 from kvrank.model.config import TINY, ModelConfig
 from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.model.onetrans import feature_spec, from_features
@@ -50,7 +50,7 @@ class Factory:
             torch.randn(c, cfg.cand_dense, generator=g),
         )
 
-    def chain(self, user: UserFeatures, fingerprint: str, cfg: ModelConfig) -> list[str]:
+    def chain(self, user: UserFeatures, fingerprint: str, cfg: ModelConfig) -> SequenceChain:
         """The sequence hash chain the server computes for a built-in model's user."""
         return sequence_chain(from_features(user), fingerprint, feature_spec(cfg))
 

@@ -13,7 +13,14 @@ tier failure is a miss, never an exception that reaches a request.
 from kvrank.cache.compose import l1_and_redis
 from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason
 from kvrank.cache.host import HostStore
-from kvrank.cache.keys import SEQ_HASH_PATTERN, CacheKey, Head, acl_rules, sequence_chain
+from kvrank.cache.keys import (
+    SEQ_HASH_PATTERN,
+    CacheKey,
+    Head,
+    SequenceChain,
+    acl_rules,
+    sequence_chain,
+)
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.lock import KeyLock, Lock, LockState
 from kvrank.cache.metrics import CONSTANT_LABELS, CacheCollector
@@ -57,6 +64,7 @@ __all__ = [
     "Reason",
     "RedisSettings",
     "RedisStore",
+    "SequenceChain",
     "Store",
     "TTLSettings",
     "Tier",

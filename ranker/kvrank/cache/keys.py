@@ -2,9 +2,13 @@
 chained sequence hash that names a user's side of the input.
 
 The hash chain starts from the model fingerprint and the user's non-sequential features,
-then folds in one event at a time, so the value after n events names exactly that prefix:
-an appended sequence can find the entry of its prefix (for ``extend_user``), and any change
-of input or model gives a different key. Pure functions; no I/O.
+then folds in the events a block of :data:`BLOCK` at a time; the value after n events is the
+chain after its whole blocks, n and the events past them, hashed once. So the value after n
+events names exactly that prefix (an appended sequence finds the entry of its prefix, for
+``extend_user``), any change of input or model gives a different key, the whole history is
+hashed in ``n / BLOCK`` calls rather than one per event, and a value extends with the events
+after it given the chain's state there (one block value and fewer than ``BLOCK`` events).
+Pure functions; no I/O.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -132,29 +137,67 @@ def _digest(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def sequence_chain(user: UserInput, fingerprint: str, spec: FeatureSpec) -> list[str]:
-    """Chain values after 0, 1, …, n events (``n + 1`` hex strings).
+BLOCK = 64
+"""Events folded into the chain per step."""
+_STEP, _VALUE = b"kvrank-block", b"kvrank-seq"
+"""blake2b personalisations: a block step and a value are never the same digest."""
 
-    Value ``i`` covers the fingerprint, every user column and events ``0..i-1`` (each
-    event: its id columns as little-endian int64, then its dense columns as float32, in the
-    spec's order); the last value is the request's ``seq_hash``. Every column the spec
-    declares is hashed, so nothing a model reads can change without changing the key.
+
+class SequenceChain(Sequence[str]):
+    """The hashes of one user's side after 0, 1, …, n events (``n + 1`` hex strings); the
+    last, :attr:`seq_hash`, names the request's whole history.
+
+    Block value ``0`` is the digest of the fingerprint and every user column; block value
+    ``j + 1`` is ``blake2b(block value j ‖ the bytes of events 64j … 64j + 63, person
+    "kvrank-block")``; the value after ``i`` events is ``blake2b(block value ⌊i/64⌋ ‖ i as 8
+    bytes little-endian ‖ the bytes of the events past that block, person "kvrank-seq")``.
+    An event's bytes: the length of its id columns (8 bytes, little-endian), those ids as
+    int64, the length of its dense columns, those as float32, in the spec's order. Every
+    column the spec declares is hashed, so nothing a model reads can change without changing
+    the key. Values other than the last are computed when asked for (a prefix lookup asks
+    for one).
     """
+
+    def __init__(self, base: bytes, rows: np.ndarray) -> None:
+        self._events, self._width = int(rows.shape[0]), int(rows.shape[1])
+        self._data = rows.tobytes()
+        step = BLOCK * self._width
+        blocks = [base]
+        for start in range(0, (self._events // BLOCK) * step, step):
+            block = blocks[-1] + self._data[start : start + step]
+            blocks.append(hashlib.blake2b(block, digest_size=HASH_BYTES, person=_STEP).digest())
+        self._blocks = blocks
+        self.seq_hash = self._value(self._events)
+
+    def _value(self, i: int) -> str:
+        whole = i // BLOCK
+        tail = self._data[whole * BLOCK * self._width : i * self._width]
+        state = self._blocks[whole] + i.to_bytes(8, "little") + tail
+        return hashlib.blake2b(state, digest_size=HASH_BYTES, person=_VALUE).hexdigest()
+
+    def __len__(self) -> int:
+        return self._events + 1
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"the chain has {len(self)} values")
+        i %= len(self)
+        return self.seq_hash if i == self._events else self._value(i)
+
+
+def sequence_chain(user: UserInput, fingerprint: str, spec: FeatureSpec) -> SequenceChain:
+    """The hash chain of ``user``'s side for a model with ``fingerprint`` and ``spec``."""
     base = _digest(
         fingerprint.encode(),
         *(_bytes(user.user[c.name], c.kind) for c in spec.user),
     )
-    rows = _event_rows(user, spec)
-    # each step is _digest(value, ids, dense): the digest of one byte string, the constant
-    # length prefixes included, so a step is one slice and one call rather than six updates
-    lead = HASH_BYTES.to_bytes(8, "little")
-    width, data = rows.shape[1], rows.tobytes()
-    blake2b = hashlib.blake2b
-    chain, value = [base.hex()], base
-    for start in range(0, len(data), width):
-        value = blake2b(lead + value + data[start : start + width], digest_size=HASH_BYTES).digest()
-        chain.append(value.hex())
-    return chain
+    return SequenceChain(base, _event_rows(user, spec))
 
 
 def _event_rows(user: UserInput, spec: FeatureSpec) -> np.ndarray:

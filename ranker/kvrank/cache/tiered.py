@@ -188,7 +188,7 @@ class TieredCache:
         return CacheKey(s.namespace, s.model_version, user_id, seq_hash)
 
     async def get_or_create(
-        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None = None
+        self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None = None
     ) -> Lookup:
         """The entry for ``key`` from the nearest tier, or made once by ``creator``.
 
@@ -245,7 +245,7 @@ class TieredCache:
                 return Lookup(kv, tier.outcome, timings)
         return None
 
-    async def find_prefix(self, key: CacheKey, chain: list[str]) -> Prefix | None:
+    async def find_prefix(self, key: CacheKey, chain: Sequence[str]) -> Prefix | None:
         """The cached entry of the longest strict prefix of ``chain`` (``key``'s sequence)."""
         head = None
         for tier in (*self._shared, *self._local):  # shared tiers know other pods' heads
@@ -319,7 +319,7 @@ class TieredCache:
             await tier.store.put(key, kv, self.ttl.current(), events)
 
     async def _shared_or_create(
-        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None
+        self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None
     ) -> Lookup:
         timings: dict[str, float] = {}
         shared = await self._from_shared(key, events, timings)
@@ -331,7 +331,7 @@ class TieredCache:
         return Lookup(created.kv, created.outcome, timings)
 
     async def _regenerate(
-        self, key: CacheKey, events: int, creator: Creator, chain: list[str] | None
+        self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None
     ) -> Created:
         """Lock, peer wait, double-check, prefix, create, local tiers, write-behind (see
         module docstring)."""

@@ -31,45 +31,64 @@ def test_cache_key_round_trips_and_rejects_separators() -> None:
 
 
 def test_chain_recognises_prefixes_and_any_change(factory, tiny_cfg) -> None:
-    user = factory.user(tiny_cfg, 10, 1)
+    user = factory.user(tiny_cfg, 130, 1)  # two whole blocks and a tail
     chain = factory.chain(user, "fp", tiny_cfg)
-    assert len(chain) == 11
+    assert len(chain) == 131 and chain[-1] == chain.seq_hash
     longer = user.with_events(user.events.cat(factory.events(tiny_cfg, 3, 9)))
-    assert factory.chain(longer, "fp", tiny_cfg)[: len(chain)] == chain  # prefix recognisable
+    grown = factory.chain(longer, "fp", tiny_cfg)
+    assert grown[: len(chain)] == chain[:]  # every prefix recognisable
+    assert grown[-1] != chain[-1]
     assert factory.chain(user, "other-model", tiny_cfg)[-1] != chain[-1]
     from dataclasses import replace
 
     changed = replace(user, context_ids=user.context_ids + 1)
     assert factory.chain(changed, "fp", tiny_cfg)[-1] != chain[-1]
     ev = user.events
-    edited = user.with_events(replace(ev, actions=ev.actions.clone().fill_(0)))
-    assert factory.chain(edited, "fp", tiny_cfg)[-1] != chain[-1]
+    for i in (0, 63, 64, 129):  # first, last of a block, first of the next, in the tail
+        actions = ev.actions.clone()
+        actions[i] += 1
+        edited = factory.chain(user.with_events(replace(ev, actions=actions)), "fp", tiny_cfg)
+        assert edited[i] == chain[i] and edited[i + 1] != chain[i + 1], i
+        assert edited[-1] != chain[-1], i
 
 
 def test_the_chain_keeps_its_definition_so_entries_outlive_an_upgrade(factory, tiny_cfg) -> None:
-    """Step by step, value i+1 is the digest of value i, event i's ids (int64) and its dense
-    features (float32): pods of different releases sharing a Redis name the same history the
-    same way, and a client's hash stays valid across a roll-out."""
+    """Block by block of 64 events, then the events past the last whole block: pods of
+    different releases sharing a Redis name the same history the same way, and a client's
+    hash stays valid across a roll-out. Rebuilt here from the definition, event by event."""
+    import hashlib
+
     from kvrank.cache.keys import _digest
     from kvrank.model.onetrans import feature_spec, from_features
 
-    user = factory.user(tiny_cfg, 25, 4)
+    user = factory.user(tiny_cfg, 150, 4)
     spec, inputs = feature_spec(tiny_cfg), from_features(user)
     chain = factory.chain(user, "fp", tiny_cfg)
     user_cols = [inputs.user[c.name] for c in spec.user]
-    value = _digest(
+    base = _digest(
         b"fp",
         *(t.numpy().astype("<i8" if c.kind == "id" else "<f4").tobytes()
           for c, t in zip(spec.user, user_cols, strict=True)),
     )  # fmt: skip
-    assert chain[0] == value.hex()
-    for i in range(len(inputs)):
+
+    def event(i: int) -> bytes:
         ids = [inputs.events[c.name][i].item() for c in spec.sequence if c.kind == "id"]
         dense = [inputs.events[c.name][i] for c in spec.sequence if c.kind == "dense"]
         id_bytes = b"".join(int(v).to_bytes(8, "little", signed=True) for v in ids)
         dense_bytes = b"".join(d.numpy().astype("<f4").tobytes() for d in dense)
-        value = _digest(value, id_bytes, dense_bytes)
-        assert chain[i + 1] == value.hex(), i
+        return b"".join(len(p).to_bytes(8, "little") + p for p in (id_bytes, dense_bytes))
+
+    def blake(data: bytes, person: bytes) -> bytes:
+        return hashlib.blake2b(data, digest_size=16, person=person).digest()
+
+    blocks = [base]
+    for j in range(len(inputs) // 64):
+        events = b"".join(event(i) for i in range(64 * j, 64 * j + 64))
+        blocks.append(blake(blocks[-1] + events, b"kvrank-block"))
+    for i in range(len(inputs) + 1):
+        tail = b"".join(event(e) for e in range(i // 64 * 64, i))
+        value = blake(blocks[i // 64] + i.to_bytes(8, "little") + tail, b"kvrank-seq")
+        assert chain[i] == value.hex(), i
 
 
 def k(name: str) -> CacheKey:

