@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -53,7 +54,7 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
     if col.kind == "id":
         if len(values) != n:
             raise InputError(field, f"has {len(values)} values; {group}.{first} has {n}")
-        return torch.tensor(values, dtype=torch.int64)
+        return _tensor(values, np.int64)
     if col.width == 0 and not values:
         return torch.zeros(n, 0)
     if len(values) != n:
@@ -63,12 +64,19 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
             raise InputError(
                 f"{field}[{i}]", f"has {len(row)} values; the model expects {col.width}"
             )
-    return torch.tensor(values, dtype=torch.float32)
+    return _tensor(values, np.float32)
 
 
 def _row(col: Column, values: Values) -> Tensor:
-    dtype = torch.int64 if col.kind == "id" else torch.float32
-    return torch.tensor(list(values), dtype=dtype)
+    return _tensor(values, np.int64 if col.kind == "id" else np.float32)
+
+
+def _tensor(values: Values, dtype: type[np.generic]) -> Tensor:
+    """Python lists as a tensor, through numpy (half the time of ``torch.tensor`` on lists;
+    the same values: ints as int64, floats rounded to float32 alike, a float beyond float32
+    infinite, which :func:`check_dense` refuses, as ``torch.tensor`` makes it)."""
+    with np.errstate(over="ignore"):
+        return torch.from_numpy(np.asarray(values, dtype=dtype))
 
 
 def check_user(spec: FeatureSpec, user: UserInput) -> None:

@@ -29,7 +29,7 @@ from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
 from kvrank.server.protocol import Screener
 from kvrank.server.reload import remember_mtime, watch_config
-from kvrank.server.schemas import prefetch_model, request_model
+from kvrank.server.schemas import prefetch_model, request_model, strict_body
 from kvrank.server.shadow import ShadowMirror
 from kvrank.server.state import AppState
 from kvrank.server.wiring import build_service
@@ -79,6 +79,8 @@ async def _running(state: AppState) -> AsyncIterator[None]:
     remember_mtime(state)
     state.request_model = request_model(service.features)
     state.prefetch_model = prefetch_model(service.features)
+    state.request_strict = strict_body(service.features)
+    state.prefetch_strict = strict_body(service.features, prefetch=True)
     await service.warm_up()
     state.shadow_config = state.cfg.shadow
     state.shadow = ShadowMirror(

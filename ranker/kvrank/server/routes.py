@@ -32,6 +32,7 @@ from kvrank.server.schemas import (
     InvalidateResponse,
     PrefetchResponse,
     ScoreResponse,
+    StrictBody,
     by_reference,
     etag,
     if_match,
@@ -46,15 +47,20 @@ router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> BaseModel:
-    # the body's schema is the loaded model's (see kvrank.server.openapi): parsed here, once
+def _parse(model: type[BaseModel], strict: StrictBody | None, raw: bytes) -> Any:
+    """The body, by the loaded model's schema (see kvrank.server.openapi): the strict
+    decoder takes it when it can, the pydantic model otherwise (it accepts what only its lax
+    mode does, or names the field and the limit)."""
+    body = strict.decode(raw) if strict is not None else None
+    if body is not None:
+        return body
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
 
 
-def _user_of(request: Request, state: State, body: BaseModel) -> tuple[str, AccessRecord]:
+def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:
     """The body's user id, which the routing header (when sent) must name too, and the
     request's access record."""
     user_id: str = body.user_id  # type: ignore[attr-defined]
@@ -118,7 +124,7 @@ async def score(request: Request, state: State) -> Response:
     svc = state.started
     deadline: Deadline = request.state.deadline  # screened by the edge
     raw = await request.body()
-    body = _parse(state.request_model, raw)
+    body = _parse(state.request_model, state.request_strict, raw)
     user_id, access = _user_of(request, state, body)
     header = if_match(request.headers.get(IF_MATCH))
     seq_hash = by_reference(body, svc.features, header)
@@ -154,7 +160,7 @@ async def score(request: Request, state: State) -> Response:
 async def prefetch(request: Request, state: State) -> Response:
     """The user side only: its entry is made behind the 202 (see kvrank.server.prefetch)."""
     svc = state.started
-    body = _parse(state.prefetch_model, await request.body())
+    body = _parse(state.prefetch_model, state.prefetch_strict, await request.body())
     user_id, access = _user_of(request, state, body)
     user = to_user(body, svc.features)
     check_user(svc.features, user)  # bad input is the caller's to hear: 422 before the 202

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from kvrank.server import logs
 from kvrank.server.config import ServerConfig
 from kvrank.server.prefetch import Prefetches
+from kvrank.server.schemas import StrictBody
 from kvrank.server.shadow import ShadowConfig, ShadowMirror
 from kvrank.service import RankingService
 
@@ -35,6 +36,9 @@ class AppState:
     """The ``/v1/score`` body of the loaded model (set before ready)."""
     prefetch_model: type[BaseModel] = BaseModel
     """The ``/v1/prefetch`` body of the loaded model (set before ready)."""
+    request_strict: StrictBody | None = None
+    prefetch_strict: StrictBody | None = None
+    """The same bodies as strict decoders, tried first (set before ready)."""
     prefetches: Prefetches = field(init=False)
     user_hash: logs.UserHasher = field(init=False)
     """Turns a user id into what the access line may show."""
