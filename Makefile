@@ -161,7 +161,8 @@ bench-overload-front: venv ## One ranker under a 4x spike, alone and behind a qu
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_overload_front.py --json reports/bench-overload-front.json
 
 bench-wire: venv ## A production-size L1 hit with its history as JSON and by reference, side by side: reports/bench-wire.json
-	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_wire.py --json reports/bench-wire.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_wire.py --json reports/bench-wire.json \
+	  $(if $(WIRE_BASELINE),--baseline $(WIRE_BASELINE))
 
 bench-cuda: venv ## Every GPU measurement in one go (minutes on one GPU): reports/cuda/*.json
 	PYTHON=$(VENV)/bin/python bash benchmarks/cuda.sh reports/cuda

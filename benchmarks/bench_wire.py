@@ -14,8 +14,11 @@ p50/p99, and the server's CPU per request outside the model — its process CPU 
 (``/proc``, every thread) less the model's scoring time
 (``kvrank_stage_seconds{stage="score"}``; one torch thread, so that time is its CPU time),
 both read around the block. Every protocol must return the
-same scores to the last bit for every user (the run fails otherwise). Prints a table and
-writes JSON; ``make bench-wire`` runs it.
+same scores to the last bit for every user (the run fails otherwise). With ``--baseline
+REV``, a second ``kvrank serve`` runs that commit's ``ranker/`` tree on the same model and
+its JSON path (``json@baseline``) takes its turn in every round: each protocol is also
+reported against it. Prints a table and writes JSON; ``make bench-wire`` runs it
+(``WIRE_BASELINE=REV`` passes the baseline).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,11 +52,16 @@ from kvrank.server.oip import tensors as oip_tensors
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess
 
-LIGHT = PRODUCTION.model_copy(update={"d_model": 32, "n_layers": 1, "ffn_mult": 1})
-"""Production's columns and window, one narrow layer: a model whose work is small and is
-subtracted anyway."""
+LIGHT = PRODUCTION.model_copy(
+    update={"d_model": 32, "n_layers": 1, "ffn_mult": 1, "ns_tokens": 1, "cand_tokens": 1}
+)
+"""Production's columns and window, one narrow layer and one token per candidate: a model
+whose work is small (~1.5 ms a hit here) and is subtracted anyway; the smaller it is, the
+less the figures outside it carry the noise of measuring it."""
 PROTOCOLS = ("json", "json-ref", "v2-binary", "v2-binary-ref")
 INFER = "/v2/models/ranker/infer"
+BASELINE = "json@baseline"
+"""The JSON path of ``--baseline``'s tree, served beside this one's."""
 
 
 @dataclass(frozen=True)
@@ -149,50 +158,102 @@ def block(client: httpx.Client, pid: int, sends: list[Send]) -> dict[str, Any]:
     }
 
 
+JSON_HEADER = {"content-type": "application/json"}
+
+
+def start(work: Path, name: str, source: Path | None = None) -> RankerProcess:
+    """A ``kvrank serve`` of the benchmark's model (``source``: that tree's ``kvrank``)."""
+    # entries kept an hour: a slow round must not find its users expired (a 412)
+    env = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
+    if source is not None:
+        env["PYTHONPATH"] = str(source / "ranker")
+    # one torch thread: the model's CPU time is then its wall time, which the score stage
+    # measures (a second thread's spinning would count as work outside the model)
+    flags = ("--l1-bytes", str(2**30), "--torch-threads", "1")
+    (work / name).mkdir()
+    return RankerProcess.start(work / "model", work / name, *flags, env=env)
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """The ``ranker/`` tree of commit ``rev`` of this repository, unpacked under ``work``."""
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", rev, "ranker"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def warm(client: httpx.Client, users: list[dict[str, Any]]) -> list[httpx.Response]:
+    """Every user's entry made (its first answer each)."""
+    answers = []
+    for body in users:
+        first = client.post("/v1/score", content=json.dumps(body).encode(), headers=JSON_HEADER)
+        first.raise_for_status()
+        answers.append(first)
+    return answers
+
+
+def sends_for(users: list[dict[str, Any]], first: list[httpx.Response]) -> dict[str, list[Send]]:
+    """Each user's L1 hit by each protocol."""
+    sends: dict[str, list[Send]] = {p: [] for p in PROTOCOLS}
+    for body, answer in zip(users, first, strict=True):
+        ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
+        tag = {**JSON_HEADER, "If-Match": answer.headers["etag"]}
+        sends["json"].append(Send("/v1/score", json.dumps(body).encode(), JSON_HEADER))
+        sends["json-ref"].append(Send("/v1/score", json.dumps(ref).encode(), tag))
+        sends["v2-binary"].append(v2_binary(body))
+        sends["v2-binary-ref"].append(v2_binary(body, answer.json()["seq_hash"]))
+    return sends
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kvrank-wire-"))
     torch.manual_seed(0)
     save_model(RankerModel(LIGHT, "v1").eval(), work / "model")
     users = bodies(args.users, args.events, args.candidates, args.seed)
-    json_header = {"content-type": "application/json"}
-    # entries kept an hour: a slow round must not find its users expired (a 412)
-    ttl = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
-    # one torch thread: the model's CPU time is then its wall time, which the score stage
-    # measures (a second thread's spinning would count as work outside the model)
-    args_ = ("--l1-bytes", str(2**30), "--torch-threads", "1")
-    ranker = RankerProcess.start(work / "model", work, *args_, env=ttl)
+    rankers = {"json": start(work, "ranker")}
+    if args.baseline:
+        rankers[BASELINE] = start(work, "baseline-ranker", baseline_tree(args.baseline, work))
+    clients = {k: httpx.Client(base_url=r.url, timeout=60) for k, r in rankers.items()}
     try:
-        with httpx.Client(base_url=ranker.url, timeout=60) as client:
-            sends: dict[str, list[Send]] = {p: [] for p in PROTOCOLS}
-            for body in users:
-                raw = json.dumps(body).encode()
-                first = client.post("/v1/score", content=raw, headers=json_header)
-                first.raise_for_status()
-                ref = {"user_id": body["user_id"], "candidates": body["candidates"]}
-                tag = {**json_header, "If-Match": first.headers["etag"]}
-                sends["json"].append(Send("/v1/score", raw, json_header))
-                sends["json-ref"].append(Send("/v1/score", json.dumps(ref).encode(), tag))
-                sends["v2-binary"].append(v2_binary(body))
-                sends["v2-binary-ref"].append(v2_binary(body, first.json()["seq_hash"]))
-            rounds: list[dict[str, Any]] = []
-            for r in range(args.rounds):
-                order = PROTOCOLS[r % 4 :] + PROTOCOLS[: r % 4]  # each first in turn
-                rounds.append(
-                    {p: block(client, ranker.proc.pid, sends[p] * args.repeat) for p in order}
-                )
+        sends = sends_for(users, warm(clients["json"], users))
+        targets = {p: (clients["json"], rankers["json"], sends[p]) for p in PROTOCOLS}
+        if args.baseline:  # today's JSON path beside the one this tree serves
+            warm(clients[BASELINE], users)
+            targets[BASELINE] = (clients[BASELINE], rankers[BASELINE], sends["json"])
+        names = list(targets)
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]  # each first in turn
+            rounds.append(
+                {
+                    p: block(targets[p][0], targets[p][1].proc.pid, targets[p][2] * args.repeat)
+                    for p in order
+                }
+            )
     finally:
-        ranker.stop()
-    return summarize(args, rounds)
+        for client in clients.values():
+            client.close()
+        for ranker in rankers.values():
+            ranker.stop()
+    return summarize(args, rounds, names)
 
 
-def summarize(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    equal = all(r[p]["scores"] == r["json"]["scores"] for r in rounds for p in PROTOCOLS)
+def summarize(
+    args: argparse.Namespace, rounds: list[dict[str, Any]], names: list[str]
+) -> dict[str, Any]:
+    equal = all(r[p]["scores"] == r["json"]["scores"] for r in rounds for p in names)
     keys = ("bytes_per_request", "server_cpu_ms", "model_score_ms", "outside_model_cpu_ms",
             "client_p50_ms", "client_p99_ms")  # fmt: skip
-    per = {p: {k: statistics.median(r[p][k] for r in rounds) for k in keys} for p in PROTOCOLS}
-    for p in PROTOCOLS:
+    per = {p: {k: statistics.median(r[p][k] for r in rounds) for k in keys} for p in names}
+    for p in names:
         per[p]["caches"] = sorted({c for r in rounds for c in r[p]["caches"]})
-    full = per["json"]
+    ratios = ("bytes_per_request", "outside_model_cpu_ms", "client_p50_ms")
+    against = [(p, "json") for p in PROTOCOLS[1:]]
+    if BASELINE in per:  # every protocol against the JSON path of the baseline's tree
+        against = [(p, BASELINE) for p in PROTOCOLS] + against
     return {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "workload": {
@@ -201,20 +262,28 @@ def summarize(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[st
             "candidates": args.candidates,
             "requests_per_block": args.users * args.repeat,
             "rounds": args.rounds,
+            "baseline": args.baseline,
         },
         "protocols": per,
         "ratios": {
-            f"{p}_vs_json": {
-                k: per[p][k] / full[k]
-                for k in ("bytes_per_request", "outside_model_cpu_ms", "client_p50_ms")
-            }
-            for p in PROTOCOLS[1:]
+            f"{p}_vs_{base}": {k: per[p][k] / per[base][k] for k in ratios} for p, base in against
+        },
+        # the same ratios round by round (each round's blocks ran back to back): the median
+        # and range, steadier than a ratio of medians when the machine's pace drifts
+        "round_ratios": {
+            f"{p}_vs_{base}": _spread([r[p][k] / r[base][k] for r in rounds])
+            for p, base in against
+            for k in ("outside_model_cpu_ms",)
         },
         "equal_scores": equal,
         "rounds": [
-            {p: {k: v for k, v in r[p].items() if k != "scores"} for p in PROTOCOLS} for r in rounds
+            {p: {k: v for k, v in r[p].items() if k != "scores"} for p in names} for r in rounds
         ],
     }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def show(report: dict[str, Any]) -> None:
@@ -236,6 +305,11 @@ def show(report: dict[str, Any]) -> None:
     console.print(table)
     for name, ratios in report["ratios"].items():
         console.print(name, {k: round(v, 3) for k, v in ratios.items()})
+    for name, spread in report["round_ratios"].items():
+        console.print(
+            f"{name}, CPU outside the model, per round:",
+            {k: round(v, 3) for k, v in spread.items()},
+        )
     console.print(f"equal scores (fp32, bitwise): {report['equal_scores']}")
 
 
@@ -248,6 +322,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a commit of this repository whose JSON path to serve beside (e.g. HEAD~3)",
+    )
     args = parser.parse_args()
     report = run(args)
     show(report)

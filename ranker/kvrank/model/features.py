@@ -9,6 +9,7 @@ warm-up, the load-time checks and the load generator. No model code runs here.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,12 +60,15 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
         return torch.zeros(n, 0)
     if len(values) != n:
         raise InputError(field, f"has {len(values)} rows; expected {n}")
-    for i, row in enumerate(values):
-        if len(row) != col.width:
-            raise InputError(
-                f"{field}[{i}]", f"has {len(row)} values; the model expects {col.width}"
-            )
-    return _tensor(values, np.float32)
+    if set(map(len, values)) - {col.width}:  # in C; the row is named only when one is off
+        for i, row in enumerate(values):
+            if len(row) != col.width:
+                raise InputError(
+                    f"{field}[{i}]", f"has {len(row)} values; the model expects {col.width}"
+                )
+    with np.errstate(over="ignore"):  # rows read flat: half the time of nested lists
+        flat = np.fromiter(itertools.chain.from_iterable(values), np.float32, n * col.width)
+    return torch.from_numpy(flat.reshape(n, col.width))
 
 
 def _row(col: Column, values: Values) -> Tensor:

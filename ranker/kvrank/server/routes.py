@@ -60,17 +60,22 @@ def _parse(model: type[BaseModel], strict: StrictBody | None, raw: bytes) -> Any
         raise RequestValidationError(exc.errors()) from exc
 
 
-def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:
-    """The body's user id, which the routing header (when sent) must name too, and the
-    request's access record."""
-    user_id: str = body.user_id  # type: ignore[attr-defined]
+def routed_user(request: Request, state: AppState, user_id: str, sent_as: str) -> AccessRecord:
+    """The request's access record, once the routing header (when sent) names the same
+    user as the request (``sent_as``: where the request names it)."""
     header = state.cfg.routing_header
     routed = request.headers.get(header)
     if routed is not None and routed != user_id:
-        raise RoutingKeyError(header, "must equal the body's user_id (the key a proxy routes by)")
+        raise RoutingKeyError(header, f"must equal {sent_as} (the key a proxy routes by)")
     access = AccessRecord(user=state.user_hash(user_id), model_version=state.started.model.version)
     request.state.access = access
-    return user_id, access
+    return access
+
+
+def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:
+    """The body's user id and the request's access record."""
+    user_id: str = body.user_id
+    return user_id, routed_user(request, state, user_id, "the body's user_id")
 
 
 _TIMEOUT_KEY = TIMEOUT_HEADER.encode()

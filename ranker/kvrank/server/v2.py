@@ -18,25 +18,18 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from kvrank import __version__
-from kvrank.errors import InputError, RoutingKeyError
+from kvrank.admission import Deadline
+from kvrank.errors import InputError
 from kvrank.metrics import INFER_ROUTES
-from kvrank.model.features import check_candidates, check_user
 from kvrank.server import oip
-from kvrank.server.edge import AccessRecord, error_body
-from kvrank.server.routes import screen
+from kvrank.server.edge import error_body
+from kvrank.server.routes import routed_user, screen
 from kvrank.server.schemas import IF_MATCH, etag, if_match
 from kvrank.server.state import AppState, app_state
+from kvrank.service import RankingService, ScoreResult
 
 PREFIX = "/v2"
 router = APIRouter(prefix=PREFIX)
-
-
-def check_user_id(request: Request, state: AppState, user_id: str) -> None:
-    """The routing header, when sent, must name the ``user_id`` input's user."""
-    header = state.cfg.routing_header
-    routed = request.headers.get(header)
-    if routed is not None and routed != user_id:
-        raise RoutingKeyError(header, "must equal the user_id input (the key a proxy routes by)")
 
 
 State = Annotated[AppState, Depends(app_state)]
@@ -103,23 +96,13 @@ async def infer(request: Request, state: State, name: str, version: str | None =
     try:
         req = oip.decode(await request.body(), request.headers.get(oip.HEADER_LENGTH))
         inputs = oip.model_inputs(req, svc.features, if_match(request.headers.get(IF_MATCH)))
-        check_user_id(request, state, inputs.user_id)
-        if inputs.user is not None:
-            check_user(svc.features, inputs.user)
-        check_candidates(svc.features, inputs.candidates)
+        access = routed_user(request, state, inputs.user_id, "the user_id input")
+        result = await _score(svc, inputs, deadline)
     except InputError as exc:
-        # the protocol's error answer: 400, the message naming the input (what clients show)
+        # the protocol's error answer: 400, the message naming the input (what clients show);
+        # the service checks every input, as it does a /v1/score body's
         body = error_body(str(exc), request.state.request_id, exc.field)
         return JSONResponse(body, status_code=400)
-    access = AccessRecord(user=state.user_hash(inputs.user_id), model_version=svc.model.version)
-    request.state.access = access
-    if inputs.seq_hash is not None:
-        result = await svc.score_by_reference(
-            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
-        )
-    else:
-        assert inputs.user is not None  # decoded with its history
-        result = await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     answer = {
         "model_name": name,
@@ -137,3 +120,14 @@ async def infer(request: Request, state: State, name: str, version: str | None =
         headers[oip.HEADER_LENGTH] = str(head)
         return Response(content, media_type="application/octet-stream", headers=headers)
     return Response(content, media_type="application/json", headers=headers)
+
+
+async def _score(
+    svc: RankingService, inputs: oip.ModelInputs, deadline: Deadline | None
+) -> ScoreResult:
+    if inputs.seq_hash is not None:
+        return await svc.score_by_reference(
+            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
+        )
+    assert inputs.user is not None  # decoded with its history
+    return await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
