@@ -46,7 +46,7 @@ class CacheKey:
     def __post_init__(self) -> None:
         for name in ("namespace", "model_version", "user_id", "seq_hash"):
             value = getattr(self, name)
-            if not _PART.match(value):
+            if not _PART.fullmatch(value):
                 raise ValueError(f"CacheKey.{name}={value!r} must match {_PART.pattern}")
 
     def to_string(self) -> str:

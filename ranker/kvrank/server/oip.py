@@ -232,7 +232,7 @@ def _one_string(value: object, name: str, pattern: re.Pattern[str]) -> str:
         text = bytes(value[0]).decode()
     except UnicodeDecodeError:
         raise InputError(name, "is not UTF-8") from None
-    if not pattern.match(text):
+    if not pattern.fullmatch(text):  # "$" alone would take a trailing newline
         raise InputError(name, f"must match {pattern.pattern}")
     return text
 

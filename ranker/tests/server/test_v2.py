@@ -148,6 +148,7 @@ def test_bad_tensors_are_refused_naming_the_input(make_client, request_for, spec
         (edited(first_event, data=[-1] * n), first_event),  # a negative id
         (edited(first_cand, shape=[2, -1]), first_cand),
         (edited("user_id", data=["a*b"]), "user_id"),
+        (edited("user_id", data=["jo\n"]), "user_id"),  # "$" would take the newline
         (edited("user_id", datatype="INT64", data=[1]), "user_id"),
         ({"inputs": [*good["inputs"], good["inputs"][0]]}, "user_id"),  # sent twice
         ({"inputs": "none"}, "inputs"),
