@@ -182,6 +182,9 @@ def serve(
     namespace: Annotated[str | None, typer.Option(help="Cache namespace.")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
     port: Annotated[int | None, typer.Option(help="Port.")] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="The v2 gRPC service's port (omit: no gRPC).")
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="JSON/YAML config file (watched for TTL changes).")
     ] = None,
@@ -205,6 +208,7 @@ def serve(
         "namespace": namespace,
         "host": host,
         "port": port,
+        "grpc_port": grpc_port,
         "config_file": str(config) if config else None,
         "l1_bytes": l1_bytes,
         "device": device,

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from kvrank.admission import watch_loop_lag
 from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
-from kvrank.server import errors, probes, routes, v2
+from kvrank.server import errors, oip_grpc, probes, routes, v2
 from kvrank.server.config import ServerConfig
 from kvrank.server.edge import Edge
 from kvrank.server.openapi import openapi
@@ -90,6 +90,9 @@ async def _running(state: AppState) -> AsyncIterator[None]:
         own_version=service.model.version,
     )
     state.shadow.start()
+    grpc_server = None
+    if state.cfg.grpc_port is not None:
+        grpc_server = await oip_grpc.start(state, state.cfg.host, state.cfg.grpc_port)
     state.ready = True
     state.serving_since = time.monotonic()
     watcher = asyncio.create_task(watch_config(state))
@@ -98,6 +101,8 @@ async def _running(state: AppState) -> AsyncIterator[None]:
         yield
     finally:
         state.ready = False
+        if grpc_server is not None:  # calls in flight finish within the shutdown grace
+            await grpc_server.stop(state.cfg.shutdown_grace_s)
         watcher.cancel()
         lag.cancel()
         ticker.cancel()

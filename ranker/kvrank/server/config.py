@@ -201,6 +201,13 @@ class ServerConfig(BaseSettings):
         " their own, never behind scoring work (the kubelet's probes: a saturated pod stays"
         " ready and alive). Unset: on `port` only.",
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Set: the Open Inference Protocol's gRPC service"
+        " (inference.GRPCInferenceService) on this port, beside the HTTP API. Unset: none.",
+    )
     config_file: str | None = None
     log: LogConfig = Field(default_factory=LogConfig)
     shadow: ShadowConfig = Field(

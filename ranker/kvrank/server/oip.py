@@ -98,9 +98,14 @@ def decode(raw: bytes, header_length: str | None) -> InferRequest:
         header = json.loads(raw[:size])
     except (ValueError, RecursionError) as exc:
         raise InputError("body", f"the JSON header does not parse: {exc}") from None
+    return from_parts(header, memoryview(raw)[size:])
+
+
+def from_parts(header: object, binary: memoryview) -> InferRequest:
+    """A request from its JSON header and the binary data after it (the gRPC service
+    builds both from its message)."""
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise InputError("inputs", "the request must be a JSON object with a list of inputs")
-    binary = memoryview(raw)[size:]
     values: dict[str, np.ndarray | list[bytes]] = {}
     for i, tensor in enumerate(header["inputs"]):
         name, array, used = _tensor(tensor, i, binary)

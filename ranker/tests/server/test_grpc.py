@@ -1,0 +1,126 @@
+"""The Open Inference Protocol (v2) over gRPC, on a real ``kvrank serve --grpc-port``, called
+by the real ``tritonclient.grpc``: the same scores as ``/v1/score`` to the bit, the history
+by reference, and every refusal a status code whose message names the input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from test_v2 import MODEL, SCORE, tensors
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from kvrank.model.onetrans import feature_spec
+from kvrank.tools.processes import free_port
+
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture(scope="module")
+def spec(server_cfg):
+    return feature_spec(server_cfg)
+
+
+@pytest.fixture
+def grpc_server(spawn_server):
+    port = free_port()
+    return spawn_server("--grpc-port", str(port)), f"127.0.0.1:{port}"
+
+
+def _inputs(arrays: list[tuple]) -> list[Any]:
+    """``tritonclient`` inputs of ``(name, datatype, array)``: raw contents, as it sends."""
+    inputs = []
+    for name, kind, array in arrays:
+        tensor = triton.InferInput(name, list(array.shape), kind)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _refused(client: Any, arrays: list[tuple], model: str = MODEL, **kw: Any) -> Any:
+    with pytest.raises(triton.InferenceServerException) as err:
+        client.infer(model, _inputs(arrays), **kw)
+    return err.value
+
+
+def test_tritonclient_grpc_scores_as_the_json_api_does(grpc_server, request_for, spec) -> None:
+    server, address = grpc_server
+    _, _, body = request_for("kim", n=11, c=6)
+    expected = httpx.post(f"{server.url}{SCORE}", json=body, timeout=30).json()
+    client = triton.InferenceServerClient(url=address)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready(MODEL) and not client.is_model_ready("other")
+        meta = client.get_model_metadata(MODEL, as_json=True)
+        assert meta["versions"] == ["v1"]
+        assert {t["name"] for t in meta["inputs"]} >= {name for name, _, _ in tensors(body, spec)}
+        result = client.infer(MODEL, _inputs(tensors(body, spec)), request_id="r-1")
+        assert result.as_numpy("scores").astype(float).tolist() == expected["scores"]
+        answer = result.get_response(as_json=True)
+        assert answer["id"] == "r-1" and answer["model_version"] == "v1"
+        params = answer["parameters"]
+        assert params["cache"]["string_param"] == "l1"
+        assert params["seq_hash"]["string_param"] == expected["seq_hash"]
+        assert int(params["events"]["int64_param"]) == 11
+        # the history by reference: candidates and the hash only
+        ref = client.infer(MODEL, _inputs(tensors(body, spec, by_reference=expected["seq_hash"])))
+        assert ref.as_numpy("scores").astype(float).tolist() == expected["scores"]
+    finally:
+        client.close()
+    served = server.metric("kvrank_http_responses_total", route=METHOD, code="200")
+    assert served == 2
+
+
+def test_grpc_refusals_are_status_codes_naming_the_input(grpc_server, request_for, spec) -> None:
+    server, address = grpc_server
+    _, _, body = request_for("jo", n=5, c=3)
+    client = triton.InferenceServerClient(url=address)
+    try:
+        unknown = _refused(client, tensors(body, spec, by_reference="0" * 32))
+        assert unknown.status() == "StatusCode.FAILED_PRECONDITION", unknown
+        assert "history_required" in unknown.message()
+        negative = tensors(body, spec)
+        name = next(t[0] for t in negative if t[0].startswith("events."))
+        negative = [(n, k, -np.ones_like(a) if n == name else a) for n, k, a in negative]
+        bad = _refused(client, negative)
+        assert bad.status() == "StatusCode.INVALID_ARGUMENT" and bad.message().startswith(name)
+        other = _refused(client, tensors(body, spec), model="other")
+        assert other.status() == "StatusCode.NOT_FOUND", other
+        routed = _refused(client, tensors(body, spec), headers={"x-kvrank-user": "someone"})
+        assert routed.status() == "StatusCode.INVALID_ARGUMENT", routed
+    finally:
+        client.close()
+    # the unknown hash cost no model work: refused before any
+    assert server.metric("kvrank_history_by_reference_total", result="history_required") == 1
+    assert server.metric("kvrank_requests_total") == 0
+
+
+def test_typed_contents_score_as_raw_ones(grpc_server, request_for, spec) -> None:
+    """A client that fills ``contents`` (int64, fp32, bytes) instead of raw bytes."""
+    server, address = grpc_server
+    _, _, body = request_for("lee", n=7, c=4)
+    expected = httpx.post(f"{server.url}{SCORE}", json=body, timeout=30).json()
+    inputs = []
+    for name, kind, array in tensors(body, spec):
+        if kind == "BYTES":
+            contents = pb.InferTensorContents(bytes_contents=list(array.ravel()))
+        elif kind == "INT64":
+            contents = pb.InferTensorContents(int64_contents=array.ravel().tolist())
+        else:
+            contents = pb.InferTensorContents(fp32_contents=array.ravel().tolist())
+        inputs.append(
+            pb.ModelInferRequest.InferInputTensor(
+                name=name, datatype=kind, shape=list(array.shape), contents=contents
+            )
+        )
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        answer = stub.ModelInfer(pb.ModelInferRequest(model_name=MODEL, inputs=inputs), timeout=30)
+    scores = np.frombuffer(answer.raw_output_contents[0], "<f4").astype(float).tolist()
+    assert scores == expected["scores"]
+    assert answer.parameters["cache"].string_param == "l1"
