@@ -412,6 +412,10 @@ class Stack:
         """Where a client sends requests for ``service``."""
         raise NotImplementedError
 
+    def grpc_address(self, service: str) -> str:
+        """``host:port`` where a gRPC client reaches ``service``'s ``grpc`` port."""
+        raise NotImplementedError
+
     def pod_urls(self, service: str) -> list[str]:
         """One URL per ready pod behind ``service`` (for per-pod metrics)."""
         return self.base_urls(service)
@@ -527,6 +531,12 @@ class LocalStack(Stack):
 
     def pod_urls(self, service: str) -> list[str]:
         return [f"http://{ep}" for ep in self.endpoints(service)]
+
+    def grpc_address(self, service: str) -> str:
+        svc = self.get("service", service)
+        assert svc is not None, f"no service {service}"
+        (port,) = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+        return f"{svc['spec']['clusterIP']}:{port}"
 
     def _start_prometheus(self) -> None:
         """Debian's Prometheus in the node's network namespace (pods reach it at the bridge
@@ -761,8 +771,16 @@ class KindStack(Stack):
     def base_urls(self, service: str) -> list[str]:
         if not self.endpoints(service):
             return []
-        if service not in self.forwards or self.forwards[service][0].poll() is not None:
-            port = free_port_pair()
+        return [f"http://{self._forward(service, 8080)}"]
+
+    def grpc_address(self, service: str) -> str:
+        return self._forward(service, 8001)
+
+    def _forward(self, service: str, port: int) -> str:
+        """``127.0.0.1:<local>`` forwarded to ``service``'s ``port`` (kept while it runs)."""
+        key = f"{service}:{port}"
+        if key not in self.forwards or self.forwards[key][0].poll() is not None:
+            local = free_port_pair()
             proc = subprocess.Popen(
                 [
                     self.cluster.kubectl_bin,
@@ -771,14 +789,14 @@ class KindStack(Stack):
                     "-n",
                     NS,
                     f"svc/{service}",
-                    f"{port}:8080",
+                    f"{local}:{port}",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            self.forwards[service] = (proc, f"http://127.0.0.1:{port}")
+            self.forwards[key] = (proc, f"127.0.0.1:{local}")
             time.sleep(2)
-        return [self.forwards[service][1]]
+        return self.forwards[key][1]
 
 
 def stack_for(cluster: Cluster, workdir: Path, docker: Docker, images: Images) -> Stack:

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from rankers import CANDIDATES, NOWHERE, Rankers, example
@@ -124,10 +125,36 @@ def test_the_quickstart_applied_as_it_is_answers_the_readmes_request_through_sta
     infer = httpx.post(f"{base}/v2/models/{ranker.name}/infer", json=v2, timeout=30)
     assert infer.status_code == 200, infer.text
     assert infer.json()["outputs"][0]["data"] == answer["scores"]
+    # and over gRPC, through the Service's grpc port, as the protocol's own messages
+    assert grpc_infer(stack.grpc_address(ranker.name), ranker.name, v2) == answer["scores"]
     (pod,) = ranker.pods()
     assert pod["spec"]["containers"][0]["image"] == stack.images.quickstart
     redis = {p["spec"]["containers"][0]["image"] for p in ranker.pods("redis")}
     assert redis == {stack.images.redis}, "the chart's defaultImages.redis"
+
+
+def grpc_infer(address: str, model: str, v2: dict[str, Any]) -> list[float]:
+    """The scores of ``v2`` (a JSON inference request) sent as a gRPC ``ModelInfer`` with
+    typed contents, as any v2 client can."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    inputs = []
+    for t in v2["inputs"]:
+        kind = t["datatype"]
+        data = [s.encode() for s in t["data"]] if kind == "BYTES" else t["data"]
+        field = {"INT64": "int64_contents", "FP32": "fp32_contents", "BYTES": "bytes_contents"}
+        contents = pb.InferTensorContents(**{field[kind]: data})
+        inputs.append(
+            pb.ModelInferRequest.InferInputTensor(
+                name=t["name"], datatype=kind, shape=t["shape"], contents=contents
+            )
+        )
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(pb.ModelInferRequest(model_name=model, inputs=inputs), timeout=30)
+    return [float(x) for x in np.frombuffer(reply.raw_output_contents[0], "<f4")]
 
 
 def v2_request(model: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

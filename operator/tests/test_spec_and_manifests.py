@@ -163,7 +163,8 @@ def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> Non
         and proxy["image"] == parse_spec({"model": {"version": "v1", "uri": "/m"}}).routing.image
     )  # the router image: the same stock Envoy
     # the pod's http port (Services, the router, the PodMonitor) is the proxy's
-    assert [p["name"] for p in ranker["ports"]] == ["admin", "probes"]
+    # (gRPC is the ranker's own: the proxy carries HTTP)
+    assert [p["name"] for p in ranker["ports"]] == ["grpc", "admin", "probes"]
     assert proxy["ports"] == [
         {"name": "http", "containerPort": 8080},
         {"name": "proxy-stats", "containerPort": 9902},  # Envoy's statistics, for the PodMonitor
@@ -305,13 +306,32 @@ def test_redis_requests_cpu_and_storage_unless_its_resources_say_otherwise() -> 
     assert security["runAsUser"] > 10000 and security["runAsGroup"] > 10000
 
 
+def test_every_ranker_serves_v2_grpc_and_its_services_reach_it_unless_the_router_fronts_it() -> (
+    None
+):
+    grpc = {"name": "grpc", "port": 8001, "targetPort": "grpc"}
+    spec = parse_spec({"model": {"version": "v1", "uri": "/m"}})
+    (ranker,) = m.deployment(spec, "feed", "prod", "v1", "/m", 2, "stable")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert {"name": "grpc", "containerPort": 8001} in ranker["ports"]
+    assert {"name": "KVRANK_GRPC_PORT", "value": "8001"} in ranker["env"]
+    shared, version = m.services(spec, "feed", "prod")
+    assert grpc in shared["spec"]["ports"] and grpc in version["spec"]["ports"]
+    # the bundled router carries HTTP only: its Service has no gRPC port, a version's has
+    routed = parse_spec({"model": {"version": "v1", "uri": "/m"}, "routing": {"mode": "bundled"}})
+    shared, version = m.services(routed, "feed", "prod")
+    assert [p["name"] for p in shared["spec"]["ports"]] == ["http"]
+    assert grpc in version["spec"]["ports"]
+
+
 def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_nothing() -> None:
     spec = parse_spec(example("basic.yaml"))
     rankers, deny = m.network_policies(spec, "feed", "prod")
     assert rankers["spec"]["podSelector"]["matchLabels"] == m.ranker_selector("feed")
     open_rule, admin_rule = rankers["spec"]["ingress"]
     assert "from" not in open_rule  # scoring, probes, a queue proxy's statistics: from anywhere
-    assert {p["port"] for p in open_rule["ports"]} == {"http", 8082, "proxy-stats"}
+    assert {p["port"] for p in open_rule["ports"]} == {"http", "grpc", 8082, "proxy-stats"}
     # behind a queue proxy the ranker's own port (8083) is in no rule: only the proxy reaches it
     assert admin_rule["ports"] == [{"port": 8081}]
     assert admin_rule["from"] == [{"podSelector": {"matchLabels": {m.ADMIN_ACCESS_LABEL: "true"}}}]

@@ -24,6 +24,10 @@ ADMIN_PORT = 8081
 pods' NetworkPolicy admits only pods labelled :data:`ADMIN_ACCESS_LABEL` to it."""
 PROBE_PORT = 8082
 """The ranker's probes, answered on a thread of their own (never behind scoring work)."""
+GRPC_PORT = 8001
+"""The rankers' Open Inference Protocol gRPC port (Triton's and KServe's): the scoring
+Service's ``grpc`` port, straight to the ranker (a queue proxy and the bundled router
+carry HTTP only)."""
 ADMIN_ACCESS_LABEL = "kvrank.io/ranker-admin"
 """A pod labelled ``kvrank.io/ranker-admin: "true"`` in a ranker's namespace may reach the
 rankers' admin port (invalidate a user, read the config in force); no other pod may."""

@@ -17,6 +17,7 @@ from kvrank_operator.manifests.common import (
     CONFIG_FILE,
     CONFIG_MOUNT,
     ENTRY_SECRET_FILE,
+    GRPC_PORT,
     MODEL_CACHE_MOUNT,
     NO_API_TOKEN,
     PASSWORD_FILE,
@@ -225,6 +226,7 @@ def _env(
         {"name": "KVRANK_PORT", "value": str(_ranker_port(spec))},
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
         {"name": "KVRANK_PROBE_PORT", "value": str(PROBE_PORT)},
+        {"name": "KVRANK_GRPC_PORT", "value": str(GRPC_PORT)},
         *spec.admission.ranker_env(),
         *spec.model.env,
     ]
@@ -295,6 +297,7 @@ def _container(
         "args": ["serve"],
         "ports": [
             *http,
+            {"name": "grpc", "containerPort": GRPC_PORT},
             {"name": "admin", "containerPort": ADMIN_PORT},
             {"name": "probes", "containerPort": PROBE_PORT},
         ],
@@ -327,17 +330,19 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
     the bundled router, over the router's pods; plus one per version (for routers, and the
     shadow traffic that warms a canary)."""
     port = [{"name": "http", "port": spec.port, "targetPort": "http"}]
+    ports = [*port, {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]
     selector = ranker_selector(instance)
     if spec.canary is not None and not spec.canary.serving:
         selector["kvrank.io/version"] = spec.model.version
     if spec.routing.mode == "bundled":  # the router picks the version and the pod
         selector = {**ranker_selector(instance), "app.kubernetes.io/component": "router"}
+        ports = port  # it routes HTTP only: gRPC goes to a version's Service
     out = [
         {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": instance, "namespace": namespace, "labels": labels(instance)},
-            "spec": {"type": spec.service_type, "selector": selector, "ports": port},
+            "spec": {"type": spec.service_type, "selector": selector, "ports": ports},
         }
     ]
     for version, _ in spec.versions():
@@ -353,7 +358,7 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
                 "spec": {
                     "type": "ClusterIP",
                     "selector": version_labels(instance, version),
-                    "ports": port,
+                    "ports": [*port, {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}],
                 },
             }
         )
@@ -362,12 +367,19 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
 
 def network_policies(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, Any]]:
     """Every pod of ``instance`` accepts no connection but what a policy of its kind allows
-    (the Jobs, Redis bootstrap and cache purge, none); rankers: anyone may score, probe and
-    read a queue proxy's statistics, only pods labelled :data:`ADMIN_ACCESS_LABEL` reach the
-    admin port. Redis' and the router's policies are theirs."""
+    (the Jobs, Redis bootstrap and cache purge, none); rankers: anyone may score (over HTTP or
+    gRPC), probe and read a queue proxy's statistics, only pods labelled
+    :data:`ADMIN_ACCESS_LABEL` reach the admin port. Redis' and the router's policies are theirs."""
     admins = {"podSelector": {"matchLabels": {ADMIN_ACCESS_LABEL: "true"}}}
     rankers: list[dict[str, Any]] = [
-        {"ports": [{"port": "http"}, {"port": PROBE_PORT}, {"port": queue_proxy.STATS_PORT_NAME}]},
+        {
+            "ports": [
+                {"port": "http"},
+                {"port": "grpc"},
+                {"port": PROBE_PORT},
+                {"port": queue_proxy.STATS_PORT_NAME},
+            ]
+        },
         {"from": [admins], "ports": [{"port": ADMIN_PORT}]},
     ]
     every_pod = {"matchLabels": {"app.kubernetes.io/instance": instance}}
