@@ -2,7 +2,8 @@
 the whole history as JSON (``json``), the history by reference (``json-ref``: ``If-Match:
 "<seq_hash>"``, candidates only), and the Open Inference Protocol's binary tensors as
 ``tritonclient`` builds them, whole (``v2-binary``) and by reference (``v2-binary-ref``: the
-``seq_hash`` input).
+``seq_hash`` input), and the same tensors as a gRPC ``ModelInfer`` with raw contents, as
+``tritonclient.grpc`` sends them (``v2-grpc``, ``v2-grpc-ref``).
 
 The body is production size (``PRODUCTION``'s columns: 1,500 events, 100 candidates) and the
 model is the same layout made light (one narrow layer), so the server's work around the
@@ -35,12 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import torch
 import tritonclient.http as triton
 from rich.console import Console
 from rich.table import Table
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import PRODUCTION
@@ -50,7 +54,7 @@ from kvrank.model.ranker import RankerModel
 from kvrank.server.oip import HEADER_LENGTH
 from kvrank.server.oip import tensors as oip_tensors
 from kvrank.server.schemas import body_for
-from kvrank.tools.processes import RankerProcess
+from kvrank.tools.processes import RankerProcess, free_port
 
 LIGHT = PRODUCTION.model_copy(
     update={"d_model": 32, "n_layers": 1, "ffn_mult": 1, "ns_tokens": 1, "cand_tokens": 1}
@@ -58,8 +62,10 @@ LIGHT = PRODUCTION.model_copy(
 """Production's columns and window, one narrow layer and one token per candidate: a model
 whose work is small (~1.5 ms a hit here) and is subtracted anyway; the smaller it is, the
 less the figures outside it carry the noise of measuring it."""
-PROTOCOLS = ("json", "json-ref", "v2-binary", "v2-binary-ref")
+PROTOCOLS = ("json", "json-ref", "v2-binary", "v2-binary-ref", "v2-grpc", "v2-grpc-ref")
 INFER = "/v2/models/ranker/infer"
+GRPC = "grpc"
+"""A :class:`Send`'s path when it goes as a gRPC ``ModelInfer``."""
 BASELINE = "json@baseline"
 """The JSON path of ``--baseline``'s tree, served beside this one's."""
 
@@ -72,8 +78,18 @@ class Send:
     raw: bytes
     headers: dict[str, str]
 
+    def send(self, client: httpx.Client, stub: Any) -> tuple[str, list[float]]:
+        """Send it; the answer's cache outcome and scores."""
+        if self.path == GRPC:
+            answer = stub.ModelInfer(pb.ModelInferRequest.FromString(self.raw), timeout=60)
+            scores = np.frombuffer(answer.raw_output_contents[0], "<f4").astype(float).tolist()
+            return answer.parameters["cache"].string_param, scores
+        resp = client.post(self.path, content=self.raw, headers=self.headers)
+        resp.raise_for_status()
+        return self.scores(resp)
+
     def scores(self, resp: httpx.Response) -> tuple[str, list[float]]:
-        """The answer's cache outcome and scores."""
+        """An HTTP answer's cache outcome and scores."""
         if self.path != INFER:
             doc = resp.json()
             return doc["cache"], doc["scores"]
@@ -97,6 +113,20 @@ def v2_binary(body: dict[str, Any], seq_hash: str | None = None) -> Send:
     if json_size is not None:
         headers[HEADER_LENGTH] = str(json_size)
     return Send(INFER, raw, headers)
+
+
+def v2_grpc(body: dict[str, Any], seq_hash: str | None = None) -> Send:
+    """What ``tritonclient.grpc`` sends for ``body``: a ``ModelInferRequest`` with raw
+    contents (its bytes are what goes on the wire, less HTTP/2's framing)."""
+    request = pb.ModelInferRequest(model_name="ranker")
+    for name, kind, array in oip_tensors(feature_spec(LIGHT), body, seq_hash):
+        request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
+        if kind == "BYTES":
+            raw = b"".join(len(v).to_bytes(4, "little") + v for v in array.ravel())
+        else:
+            raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+        request.raw_input_contents.append(raw)
+    return Send(GRPC, request.SerializeToString(), {})
 
 
 SCORE_SUM = "kvrank_stage_seconds_sum"
@@ -130,17 +160,16 @@ def bodies(users: int, events: int, candidates: int, seed: int) -> list[dict[str
     ]
 
 
-def block(client: httpx.Client, pid: int, sends: list[Send]) -> dict[str, Any]:
+def block(client: httpx.Client, stub: Any, pid: int, sends: list[Send]) -> dict[str, Any]:
     """Send every request once, one at a time; what the block cost on each side."""
     score0 = scored_s(client)
     cpu0 = cpu_s(pid)
     latencies, answers = [], []
     for send in sends:
         started = time.perf_counter()
-        resp = client.post(send.path, content=send.raw, headers=send.headers)
+        answer = send.send(client, stub)
         latencies.append((time.perf_counter() - started) * 1e3)
-        resp.raise_for_status()
-        answers.append(send.scores(resp))
+        answers.append(answer)
     cpu1 = cpu_s(pid)
     score1 = scored_s(client)
     n = len(sends)
@@ -161,15 +190,20 @@ def block(client: httpx.Client, pid: int, sends: list[Send]) -> dict[str, Any]:
 JSON_HEADER = {"content-type": "application/json"}
 
 
-def start(work: Path, name: str, source: Path | None = None) -> RankerProcess:
-    """A ``kvrank serve`` of the benchmark's model (``source``: that tree's ``kvrank``)."""
+def start(
+    work: Path, name: str, source: Path | None = None, grpc_port: int | None = None
+) -> RankerProcess:
+    """A ``kvrank serve`` of the benchmark's model (``source``: that tree's ``kvrank``;
+    ``grpc_port``: with the v2 gRPC service there)."""
     # entries kept an hour: a slow round must not find its users expired (a 412)
     env = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
     if source is not None:
         env["PYTHONPATH"] = str(source / "ranker")
     # one torch thread: the model's CPU time is then its wall time, which the score stage
     # measures (a second thread's spinning would count as work outside the model)
-    flags = ("--l1-bytes", str(2**30), "--torch-threads", "1")
+    flags: tuple[str, ...] = ("--l1-bytes", str(2**30), "--torch-threads", "1")
+    if grpc_port is not None:
+        flags += ("--grpc-port", str(grpc_port))
     (work / name).mkdir()
     return RankerProcess.start(work / "model", work / name, *flags, env=env)
 
@@ -205,6 +239,8 @@ def sends_for(users: list[dict[str, Any]], first: list[httpx.Response]) -> dict[
         sends["json-ref"].append(Send("/v1/score", json.dumps(ref).encode(), tag))
         sends["v2-binary"].append(v2_binary(body))
         sends["v2-binary-ref"].append(v2_binary(body, answer.json()["seq_hash"]))
+        sends["v2-grpc"].append(v2_grpc(body))
+        sends["v2-grpc-ref"].append(v2_grpc(body, answer.json()["seq_hash"]))
     return sends
 
 
@@ -213,10 +249,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     save_model(RankerModel(LIGHT, "v1").eval(), work / "model")
     users = bodies(args.users, args.events, args.candidates, args.seed)
-    rankers = {"json": start(work, "ranker")}
+    grpc_port = free_port()
+    rankers = {"json": start(work, "ranker", grpc_port=grpc_port)}
     if args.baseline:
         rankers[BASELINE] = start(work, "baseline-ranker", baseline_tree(args.baseline, work))
     clients = {k: httpx.Client(base_url=r.url, timeout=60) for k, r in rankers.items()}
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
     try:
         sends = sends_for(users, warm(clients["json"], users))
         targets = {p: (clients["json"], rankers["json"], sends[p]) for p in PROTOCOLS}
@@ -229,11 +268,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             order = names[r % len(names) :] + names[: r % len(names)]  # each first in turn
             rounds.append(
                 {
-                    p: block(targets[p][0], targets[p][1].proc.pid, targets[p][2] * args.repeat)
+                    p: block(
+                        targets[p][0], stub, targets[p][1].proc.pid, targets[p][2] * args.repeat
+                    )
                     for p in order
                 }
             )
     finally:
+        channel.close()
         for client in clients.values():
             client.close()
         for ranker in rankers.values():
