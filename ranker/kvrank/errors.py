@@ -103,6 +103,14 @@ class HistoryRequired(KvrankError):
         self.seq_hash = seq_hash
 
 
+class NonFiniteScores(KvrankError, RuntimeError):
+    """The model gave NaN or infinite scores from a state made afresh for this request (a
+    cached one that did was dropped and made again first): never answered as scores (500)."""
+
+    def __init__(self, model_version: str) -> None:
+        super().__init__(f"model {model_version} gave non-finite scores for this request")
+
+
 class Overloaded(KvrankError):
     """The pod cannot serve this request before its deadline: shed before any model work
     (maps to 503 with ``Retry-After``: another pod, or this one a moment later, can).

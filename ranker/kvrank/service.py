@@ -19,8 +19,17 @@ import torch
 from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
-from kvrank.cache import Created, Lookup, Outcome, Prefix, TieredCache, TTLSettings, sequence_chain
-from kvrank.errors import Abandoned, HistoryRequired
+from kvrank.cache import (
+    Created,
+    Lookup,
+    Outcome,
+    Prefix,
+    Reason,
+    TieredCache,
+    TTLSettings,
+    sequence_chain,
+)
+from kvrank.errors import Abandoned, HistoryRequired, NonFiniteScores
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
 from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
@@ -166,12 +175,24 @@ class RankingService:
             if self.settings.cache_mode == "full":
                 logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
                 return self._result(logits, Outcome.NONE, {"total": _ms(start)})
+            return await self._score_cached(user_id, user, cands, ticket, start)
+
+    async def _score_cached(
+        self, user_id: str, user: UserInput, cands: CandidateInput, ticket: Ticket, start: float
+    ) -> ScoreResult:
+        """Scores against the user's state from the nearest tier, else made; a cached state
+        whose scores are not finite is dropped and made again, once."""
+        for _ in range(2):
             found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket)
             t = time.perf_counter()
-            logits = await self.runner.score(found.kv, cands)
-            timings["score"] = _ms(t)
-            timings["total"] = _ms(start)
-            return self._result(logits, found.outcome, timings, seq_hash, len(user))
+            logits = await self._finite_scores(user_id, seq_hash, found, cands)
+            if logits is not None:
+                timings["score"] = _ms(t)
+                timings["total"] = _ms(start)
+                return self._result(logits, found.outcome, timings, seq_hash, len(user))
+            if found.outcome is Outcome.MISS:
+                break  # made afresh for this request: the model's own scores
+        raise NonFiniteScores(self.model.version)
 
     async def score_by_reference(
         self,
@@ -196,11 +217,27 @@ class RankingService:
             if found is None:
                 self.metrics.by_reference["history_required"].inc()
                 raise HistoryRequired(field, seq_hash)
-            self.metrics.by_reference["served"].inc()
             t = time.perf_counter()
-            logits = await self.runner.score(found.kv, cands)
+            logits = await self._finite_scores(user_id, seq_hash, found, cands)
+            if logits is None:  # the entry is gone: the caller sends its events
+                self.metrics.by_reference["history_required"].inc()
+                raise HistoryRequired(field, seq_hash)
+            self.metrics.by_reference["served"].inc()
             timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
             return self._result(logits, found.outcome, timings, seq_hash)
+
+    async def _finite_scores(
+        self, user_id: str, seq_hash: str, found: Lookup, cands: CandidateInput
+    ) -> Tensor | None:
+        """The logits of ``cands`` against ``found``'s state, or ``None`` when any is not
+        finite: the user's entries are dropped from every tier (counted as ``scores``), so a
+        damaged state is a miss, never a wrong score."""
+        logits = await self.runner.score(found.kv, cands)
+        if bool(torch.isfinite(logits).all()):
+            return logits
+        why = "non-finite scores from it"
+        await self.cache.discard(self.cache.key(user_id, seq_hash), Reason.SCORES, why)
+        return None
 
     async def _own_user_kv(
         self, user_id: str, user: UserInput, ticket: Ticket

@@ -69,6 +69,8 @@ class Reason(enum.StrEnum):
     """The tensors do not decode into a state of this model."""
     CHECK = "check"
     """The loaded model refused the state (its layers' shapes, its length)."""
+    SCORES = "scores"
+    """The state gave scores that are not finite (from any tier): dropped, made again."""
 
 
 def corrupt(reason: Reason, text: str) -> CorruptEntryError:

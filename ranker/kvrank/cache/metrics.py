@@ -66,7 +66,8 @@ class CacheCollector(Collector):
         yield family
         corrupt = CounterMetricFamily(
             "kvrank_cache_corrupt_entries",
-            "Shared-tier entries refused, by reason (deleted and served as misses)",
+            "Cache entries refused, by reason (deleted and served as misses): a shared"
+            " tier's that do not open, any tier's whose scores were not finite (scores)",
             labels=[*CONSTANT_LABELS, "reason"],
         )
         for reason in Reason:  # every reason, so a rate over a new one starts at 0

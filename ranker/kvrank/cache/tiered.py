@@ -275,6 +275,13 @@ class TieredCache:
         await self._promote(key, kv, events, self._inline)
         await self._put_shared(key, kv, ttl, events)
 
+    async def discard(self, key: CacheKey, reason: Reason, why: str) -> None:
+        """``key``'s entry, served, proved bad: counted and logged as a refused entry, and
+        every entry of its user dropped from every tier with its head (the state may have
+        been extended from another of them), so the next request makes it from its events."""
+        self._count_refused(key, reason.value, why)
+        await self.invalidate_user(key.user_id)
+
     async def invalidate_user(self, user_id: str) -> int:
         """Drop every entry of one user (every tier) and its head; returns entries removed."""
         s = self.settings
@@ -448,12 +455,15 @@ class TieredCache:
         self, tier: Tier, key: CacheKey, reason: str, exc: Exception, started: float
     ) -> tuple[None, float]:
         """An entry not served: counted by reason, logged once per reason, deleted."""
+        self._count_refused(key, reason, describe(exc))
+        await tier.store.delete(key)
+        return None, _ms(started)
+
+    def _count_refused(self, key: CacheKey, reason: str, why: str) -> None:
         corrupt = self.stats.corrupt
         corrupt[reason] = corrupt.get(reason, 0) + 1
         log_it = log.warning if corrupt[reason] == 1 else log.debug
-        log_it("entry %s refused (%s): %s", key.to_string(), reason, describe(exc))
-        await tier.store.delete(key)
-        return None, _ms(started)
+        log_it("entry %s refused (%s): %s", key.to_string(), reason, why)
 
 
 def _ms(start: float) -> float:

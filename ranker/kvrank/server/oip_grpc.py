@@ -37,6 +37,7 @@ from kvrank.errors import (
     HistoryRequired,
     IncompatibleKVError,
     InputError,
+    NonFiniteScores,
     Overloaded,
 )
 from kvrank.server import oip
@@ -57,6 +58,7 @@ _HTTP_EQUIVALENT = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.INTERNAL: 500,
 }
 """The status an access line and ``kvrank_http_responses`` record for a gRPC status."""
 
@@ -147,6 +149,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             raise Refused(code, str(exc)) from None
         except IncompatibleKVError as exc:
             raise Refused(grpc.StatusCode.ABORTED, str(exc)) from None
+        except NonFiniteScores as exc:
+            raise Refused(grpc.StatusCode.INTERNAL, str(exc)) from None
         access.cache, access.candidates = result.outcome.value, len(result.scores)
         return _answer(request, svc, result)
 

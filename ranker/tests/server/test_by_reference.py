@@ -195,3 +195,32 @@ def test_a_replay_by_reference_resends_the_history_only_after_a_412(
     again = asyncio.run(replay(sent, urls[:1], concurrency=1, protocol="json-ref"))
     assert [r.status for r in again] == [200] * 4, again
     assert [r.by_reference for r in again] == ["", "served", "", "served"]
+
+
+def test_a_cached_state_that_scores_nan_is_dropped_and_made_again_never_answered(
+    make_client, request_for
+) -> None:
+    """A state damaged in place (as device memory or a buggy writer could leave it): its
+    scores are not finite, so they are never answered — the user's entries are dropped and
+    made again from the events, or a request by reference hears 412 and sends them."""
+    client = make_client()
+    _, _, body = request_for("nan", n=9, c=5)
+    first = client.post(SCORE, json=body).json()
+    svc = client.app.state.kvrank.service
+
+    def poison() -> None:
+        found = client.portal.call(svc.cache.find, svc.cache.key("nan", first["seq_hash"]))
+        assert found is not None and found.outcome.value == "l1"
+        for layer in found.kv.layers.values():
+            layer.v.fill_(float("nan"))
+
+    poison()
+    again = client.post(SCORE, json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["scores"] == first["scores"] and again.json()["cache"] == "miss"
+    assert metric(client, "kvrank_cache_corrupt_entries_total", reason="scores") == 1
+    poison()
+    ref = client.post(SCORE, json=by_reference(body), headers=etag(first["seq_hash"]))
+    assert ref.status_code == 412, ref.text
+    assert metric(client, "kvrank_cache_corrupt_entries_total", reason="scores") == 2
+    assert client.post(SCORE, json=body).json()["scores"] == first["scores"]
