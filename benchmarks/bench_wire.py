@@ -25,6 +25,7 @@ reported against it. Prints a table and writes JSON; ``make bench-wire`` runs it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -250,13 +251,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     save_model(RankerModel(LIGHT, "v1").eval(), work / "model")
     users = bodies(args.users, args.events, args.candidates, args.seed)
     grpc_port = free_port()
-    rankers = {"json": start(work, "ranker", grpc_port=grpc_port)}
-    if args.baseline:
-        rankers[BASELINE] = start(work, "baseline-ranker", baseline_tree(args.baseline, work))
-    clients = {k: httpx.Client(base_url=r.url, timeout=60) for k, r in rankers.items()}
-    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-    stub = pb_grpc.GRPCInferenceServiceStub(channel)
-    try:
+    with contextlib.ExitStack() as running:  # whatever fails, every server is stopped
+        rankers = {"json": start(work, "ranker", grpc_port=grpc_port)}
+        running.callback(rankers["json"].stop)
+        if args.baseline:
+            tree = baseline_tree(args.baseline, work)
+            rankers[BASELINE] = start(work, "baseline-ranker", tree)
+            running.callback(rankers[BASELINE].stop)
+        clients = {
+            k: running.enter_context(httpx.Client(base_url=r.url, timeout=60))
+            for k, r in rankers.items()
+        }
+        channel = running.enter_context(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         sends = sends_for(users, warm(clients["json"], users))
         targets = {p: (clients["json"], rankers["json"], sends[p]) for p in PROTOCOLS}
         if args.baseline:  # today's JSON path beside the one this tree serves
@@ -274,12 +281,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for p in order
                 }
             )
-    finally:
-        channel.close()
-        for client in clients.values():
-            client.close()
-        for ranker in rankers.values():
-            ranker.stop()
     return summarize(args, rounds, names)
 
 

@@ -102,22 +102,25 @@ def test_a_lower_precision_is_refused_for_an_artifact_which_keeps_its_own(tmp_pa
 
 def test_the_wire_benchmark_sends_each_hit_both_ways_with_the_same_scores() -> None:
     """A short ``make bench-wire``: every block an L1 hit, the same scores to the last bit by
-    every protocol (JSON and tritonclient's binary tensors, whole and by reference), and a
-    request by reference without the history's bytes."""
+    every protocol (JSON, tritonclient's binary tensors over HTTP and gRPC, whole and by
+    reference) and by a baseline commit's server (here HEAD's own tree), and a request by
+    reference without the history's bytes."""
     import argparse
 
-    from bench_wire import run
+    from bench_wire import BASELINE, PROTOCOLS, run
 
-    args = argparse.Namespace(users=2, events=200, candidates=5, repeat=2, rounds=2, seed=1)
+    args = argparse.Namespace(
+        users=2, events=200, candidates=5, repeat=2, rounds=2, seed=1, baseline="HEAD"
+    )
     report = run(args)
     assert report["equal_scores"]
+    assert set(report["protocols"]) == {*PROTOCOLS, BASELINE}
     assert all(p["caches"] == ["l1"] for p in report["protocols"].values()), report
     sizes = {k: v["bytes_per_request"] for k, v in report["protocols"].items()}
     assert sizes["json-ref"] < sizes["json"] / 10, sizes
     assert sizes["v2-binary-ref"] < sizes["v2-binary"] < sizes["json"], sizes
+    assert sizes["v2-grpc-ref"] < sizes["v2-grpc"] < sizes["json"], sizes
     assert len(report["rounds"]) == 2 and report["workload"]["requests_per_block"] == 4
-    assert set(report["ratios"]) == {
-        "json-ref_vs_json",
-        "v2-binary_vs_json",
-        "v2-binary-ref_vs_json",
+    assert set(report["ratios"]) == {f"{p}_vs_json" for p in PROTOCOLS[1:]} | {
+        f"{p}_vs_{BASELINE}" for p in PROTOCOLS
     }
