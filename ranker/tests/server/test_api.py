@@ -416,6 +416,10 @@ from kvrank.model.ranker import RankerModel
 from kvrank.server.process import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
+else:  # glibc's starting mmap threshold (128 KiB), pinned: its dynamic one rises as soon as
+    # anything frees a large mapped block (an import may), and the baseline would vary with that
+    import ctypes
+    assert ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
 torch.set_num_threads(1)
 model, world = RankerModel(QUICK).eval(), SyntheticWorld(QUICK)
 user = world.user(1, QUICK.max_events)
