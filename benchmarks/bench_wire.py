@@ -52,7 +52,7 @@ from kvrank.model.config import PRODUCTION
 from kvrank.model.features import example_candidates, example_user
 from kvrank.model.onetrans import feature_spec
 from kvrank.model.ranker import RankerModel
-from kvrank.server.oip import HEADER_LENGTH
+from kvrank.server.oip import HEADER_LENGTH, pack_strings
 from kvrank.server.oip import tensors as oip_tensors
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess, free_port
@@ -123,7 +123,7 @@ def v2_grpc(body: dict[str, Any], seq_hash: str | None = None) -> Send:
     for name, kind, array in oip_tensors(feature_spec(LIGHT), body, seq_hash):
         request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
         if kind == "BYTES":
-            raw = b"".join(len(v).to_bytes(4, "little") + v for v in array.ravel())
+            raw = pack_strings(array.ravel())
         else:
             raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
         request.raw_input_contents.append(raw)

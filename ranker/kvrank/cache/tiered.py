@@ -148,8 +148,8 @@ class CacheStats:
     lookups: dict[tuple[str, str], int] = field(default_factory=dict)
     """(tier, hit|miss) → count, for the request path's first look in each tier."""
     corrupt: dict[str, int] = field(default_factory=dict)
-    """Reason (:class:`~kvrank.cache.entry.Reason`) → shared-tier entries refused (deleted,
-    served as misses)."""
+    """Reason (:class:`~kvrank.cache.entry.Reason`) → entries refused (deleted, served as
+    misses): a shared tier's that failed a check, or any tier's whose scores were not finite."""
     writes_dropped: int = 0
     """New entries not written to L2 because ``MAX_PENDING_WRITES`` were still in flight."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,12 @@ def _strings(name: str, data: object, binary: memoryview, size: object) -> list[
         out.append(chunk[at + 4 : at + 4 + n])
         at += 4 + n
     return out
+
+
+def pack_strings(items: Iterable[bytes]) -> bytes:
+    """BYTES elements as the binary extension carries them: each one's length (uint32,
+    little-endian), then its bytes."""
+    return b"".join(len(b).to_bytes(4, "little") + b for b in items)
 
 
 @dataclass(frozen=True)

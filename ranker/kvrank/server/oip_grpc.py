@@ -42,6 +42,7 @@ from kvrank.errors import (
 )
 from kvrank.server import oip
 from kvrank.server.edge import AccessRecord, access_line
+from kvrank.server.routes import check_routing_key, model_refusal, score_inputs
 from kvrank.server.state import AppState
 from kvrank.service import RankingService, ScoreResult
 
@@ -61,6 +62,8 @@ _HTTP_EQUIVALENT = {
     grpc.StatusCode.INTERNAL: 500,
 }
 """The status an access line and ``kvrank_http_responses`` record for a gRPC status."""
+_GRPC_STATUS = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE}
+"""The gRPC status of a model refusal's HTTP status."""
 
 
 class Refused(Exception):
@@ -136,7 +139,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             self._routed(context, inputs.user_id)
             access.user = self.state.user_hash(inputs.user_id)
             access.model_version = svc.model.version
-            result = await _score(svc, inputs, deadline)
+            result = await score_inputs(svc, inputs, deadline)
         except InputError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         except HistoryRequired as exc:
@@ -156,16 +159,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     def _refusal(self, name: str, version: str) -> Refused | None:
         """Why this pod does not serve model ``name`` at ``version`` (``None``: it does)."""
-        if not self.state.ready:
-            return Refused(grpc.StatusCode.UNAVAILABLE, "the model is not loaded yet")
-        served = self.state.started.model.version
-        if name != self.state.cfg.model_name or version not in ("", served):
-            wanted = name if not version else f"{name} version {version}"
-            served_as = f"{self.state.cfg.model_name} version {served}"
-            return Refused(
-                grpc.StatusCode.NOT_FOUND, f"no model {wanted}: this pod serves {served_as}"
-            )
-        return None
+        refusal = model_refusal(self.state, name, version or None)
+        if refusal is None:
+            return None
+        status, message = refusal
+        return Refused(_GRPC_STATUS[status], message)
 
     def _deadline(self, svc: RankingService, context: Any) -> Deadline:
         """The caller's gRPC deadline (else the configured default), admitted on what is
@@ -184,19 +182,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     def _routed(self, context: Any, user_id: str) -> None:
         """The routing header, when the caller's metadata carries it, names the same user."""
-        header = self.state.cfg.routing_header.lower()
-        for key, value in context.invocation_metadata() or ():
-            if key == header and value != user_id:
-                raise InputError(header, "must equal the user_id input (the key a proxy routes by)")
-
-
-async def _score(svc: RankingService, inputs: oip.ModelInputs, deadline: Deadline) -> ScoreResult:
-    if inputs.seq_hash is not None:
-        return await svc.score_by_reference(
-            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
-        )
-    assert inputs.user is not None  # decoded with its history
-    return await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
+        header = self.state.cfg.routing_header
+        metadata = dict(context.invocation_metadata() or ())
+        check_routing_key(header, metadata.get(header.lower()), user_id, "the user_id input")
 
 
 def _parts(request: Any) -> tuple[dict[str, Any], memoryview]:
@@ -219,9 +207,7 @@ def _parts(request: Any) -> tuple[dict[str, Any], memoryview]:
         if raw:
             chunk = raw[i]
         elif tensor.datatype == "BYTES":
-            chunk = b"".join(
-                len(b).to_bytes(4, "little") + b for b in tensor.contents.bytes_contents
-            )
+            chunk = oip.pack_strings(tensor.contents.bytes_contents)
         else:
             field = _CONTENTS.get(tensor.datatype)
             entry["data"] = list(getattr(tensor.contents, field)) if field else None

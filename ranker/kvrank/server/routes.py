@@ -25,6 +25,7 @@ from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
+from kvrank.server.oip import ModelInputs
 from kvrank.server.schemas import (
     IF_MATCH,
     USER_ID_MAX,
@@ -42,6 +43,7 @@ from kvrank.server.schemas import (
 )
 from kvrank.server.shadow import SHADOW_HEADER
 from kvrank.server.state import AppState, app_state
+from kvrank.service import RankingService, ScoreResult
 
 router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
@@ -60,16 +62,45 @@ def _parse(model: type[BaseModel], strict: StrictBody | None, raw: bytes) -> Any
         raise RequestValidationError(exc.errors()) from exc
 
 
+def check_routing_key(header: str, routed: str | None, user_id: str, sent_as: str) -> None:
+    """The routing header ``header``, when sent (``routed``), names the request's user
+    (``sent_as``: where the request names it)."""
+    if routed is not None and routed != user_id:
+        raise RoutingKeyError(header, f"must equal {sent_as} (the key a proxy routes by)")
+
+
 def routed_user(request: Request, state: AppState, user_id: str, sent_as: str) -> AccessRecord:
     """The request's access record, once the routing header (when sent) names the same
     user as the request (``sent_as``: where the request names it)."""
     header = state.cfg.routing_header
-    routed = request.headers.get(header)
-    if routed is not None and routed != user_id:
-        raise RoutingKeyError(header, f"must equal {sent_as} (the key a proxy routes by)")
+    check_routing_key(header, request.headers.get(header), user_id, sent_as)
     access = AccessRecord(user=state.user_hash(user_id), model_version=state.started.model.version)
     request.state.access = access
     return access
+
+
+def model_refusal(state: AppState, name: str, version: str | None) -> tuple[int, str] | None:
+    """Why this pod does not serve model ``name`` at ``version`` — the HTTP status and the
+    message an inference protocol answers with (``None``: it does)."""
+    if not state.ready:
+        return 503, "the model is not loaded yet"
+    served = state.started.model.version
+    if name != state.cfg.model_name or version not in (None, served):
+        wanted = name if version is None else f"{name} version {version}"
+        return 404, f"no model {wanted}: this pod serves {state.cfg.model_name} version {served}"
+    return None
+
+
+async def score_inputs(
+    svc: RankingService, inputs: ModelInputs, deadline: Deadline | None
+) -> ScoreResult:
+    """Score an inference request's inputs: by reference when they name a sequence hash."""
+    if inputs.seq_hash is not None:
+        return await svc.score_by_reference(
+            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
+        )
+    assert inputs.user is not None  # decoded with its history
+    return await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
 
 
 def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:

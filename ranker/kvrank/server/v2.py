@@ -18,15 +18,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from kvrank import __version__
-from kvrank.admission import Deadline
 from kvrank.errors import InputError
 from kvrank.metrics import INFER_ROUTES
 from kvrank.server import oip
 from kvrank.server.edge import error_body
-from kvrank.server.routes import routed_user, screen
+from kvrank.server.routes import model_refusal, routed_user, score_inputs, screen
 from kvrank.server.schemas import IF_MATCH, etag, if_match
 from kvrank.server.state import AppState, app_state
-from kvrank.service import RankingService, ScoreResult
 
 PREFIX = "/v2"
 router = APIRouter(prefix=PREFIX)
@@ -51,15 +49,9 @@ async def ready(state: State) -> Response:
 
 
 def _unknown(state: AppState, name: str, version: str | None) -> JSONResponse | None:
-    """A 404 for a model this pod does not serve (``None``: it does)."""
-    if not state.ready:
-        return JSONResponse({"error": "the model is not loaded yet"}, status_code=503)
-    served = state.started.model.version
-    if name != state.cfg.model_name or version not in (None, served):
-        wanted = name if version is None else f"{name} version {version}"
-        served_as = f"{state.cfg.model_name} version {served}"
-        return JSONResponse({"error": f"no model {wanted}: this pod serves {served_as}"}, 404)
-    return None
+    """The answer for a model this pod does not serve (``None``: it does)."""
+    refusal = model_refusal(state, name, version)
+    return None if refusal is None else JSONResponse({"error": refusal[1]}, refusal[0])
 
 
 @router.get("/models/{name}")
@@ -97,7 +89,7 @@ async def infer(request: Request, state: State, name: str, version: str | None =
         req = oip.decode(await request.body(), request.headers.get(oip.HEADER_LENGTH))
         inputs = oip.model_inputs(req, svc.features, if_match(request.headers.get(IF_MATCH)))
         access = routed_user(request, state, inputs.user_id, "the user_id input")
-        result = await _score(svc, inputs, deadline)
+        result = await score_inputs(svc, inputs, deadline)
     except InputError as exc:
         # the protocol's error answer: 400, the message naming the input (what clients show);
         # the service checks every input, as it does a /v1/score body's
@@ -120,14 +112,3 @@ async def infer(request: Request, state: State, name: str, version: str | None =
         headers[oip.HEADER_LENGTH] = str(head)
         return Response(content, media_type="application/octet-stream", headers=headers)
     return Response(content, media_type="application/json", headers=headers)
-
-
-async def _score(
-    svc: RankingService, inputs: oip.ModelInputs, deadline: Deadline | None
-) -> ScoreResult:
-    if inputs.seq_hash is not None:
-        return await svc.score_by_reference(
-            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
-        )
-    assert inputs.user is not None  # decoded with its history
-    return await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
