@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,7 +26,11 @@ from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import CHECKS, Check, PrometheusEndpoint, RankerSpec
 from kvrank_operator.ttl import CACHED_OUTCOMES, REQUESTS_METRIC
 
-SCORE_ROUTE = "/v1/score"
+SCORE_ROUTES = "/v1/score|/v2/models/.+/infer|/inference[.]GRPCInferenceService/ModelInfer"
+"""The routes a ranker answers scoring requests on (a regular expression, fully matched as
+PromQL does): the JSON API, the Open Inference Protocol's HTTP ``infer`` (with or without a
+version) and its gRPC ``ModelInfer`` — a canary's errors count whichever protocol served them."""
+_SCORING = re.compile(SCORE_ROUTES)
 RESPONSES_METRIC = "kvrank_http_responses_total"
 SHADOW_METRIC = "kvrank_shadow_requests_total"
 TOPK_METRIC = "kvrank_shadow_topk_changed_total"
@@ -65,7 +70,7 @@ def _add(c: Counts, name: str, labels: dict[str, str], value: float) -> None:
         inc("requests")
         if labels.get("outcome") in CACHED_OUTCOMES:
             inc("cached")
-    elif name == RESPONSES_METRIC and labels.get("route") == SCORE_ROUTE:
+    elif name == RESPONSES_METRIC and _SCORING.fullmatch(labels.get("route", "")):
         inc("responses")
         if labels.get("code", "").startswith("5"):
             inc("errors")
@@ -219,7 +224,7 @@ def _window_queries(ns: str, name: str, version: str, seconds: float) -> dict[st
     """What :func:`prometheus_window` asks for one version: counter increases by label."""
     rng = f"[{max(1, int(seconds))}s]"
     sel = _selector(ns, name, model_version=version)
-    score = _selector(ns, name, model_version=version, route=SCORE_ROUTE)
+    score = _selector(ns, name, model_version=version)[:-1] + f',route=~"{SCORE_ROUTES}"}}'
     return {
         "requests": f"sum by (outcome) (increase({REQUESTS_METRIC}{sel}{rng}))",
         "responses": f"sum by (code) (increase({RESPONSES_METRIC}{score}{rng}))",
@@ -244,7 +249,7 @@ def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -
     if key == "requests":
         _add(c, REQUESTS_METRIC, labels, value)
     elif key == "responses":
-        _add(c, RESPONSES_METRIC, {**labels, "route": SCORE_ROUTE}, value)
+        _add(c, RESPONSES_METRIC, {**labels, "route": "/v1/score"}, value)
     elif key == "shadow":
         _add(c, SHADOW_METRIC, labels, value)
     elif key == "topk":

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest, start_http_server
 
-from kvrank.metrics import CACHED_OUTCOMES, OUTCOMES, Metrics
+from kvrank.metrics import CACHED_OUTCOMES, OUTCOMES, SCORING_ROUTES, Metrics
 from kvrank.server.shadow import ShadowConfig, ShadowMirror, compare
 from kvrank.tools.processes import PrometheusServer, free_port
 from kvrank_operator import manifests as m
@@ -72,7 +72,8 @@ def pod_text(
     metrics = Metrics(version, f"v-{version}")
     for i in range(requests):
         metrics.observe_request("l1" if i < hits else "miss", {"total": 5.0})
-        metrics.observe_response("/v1/score", 500 if i < errors else 200)
+        route = SCORING_ROUTES[i % len(SCORING_ROUTES)]
+        metrics.observe_response(route, 500 if i < errors else 200)
     shadow = ShadowMirror(
         lambda: ShadowConfig(), metrics.registry, {"model_version": version}, own_version=version
     )
@@ -120,9 +121,9 @@ def test_an_answer_from_any_of_the_rankers_cache_tiers_counts_as_cached() -> Non
 
 
 def test_counts_read_the_rankers_own_metrics() -> None:
-    counts = counts_from_text(pod_text("v1", requests=10, hits=7, errors=1, compared=5))["v1"]
+    counts = counts_from_text(pod_text("v1", requests=10, hits=7, errors=4, compared=5))["v1"]
     assert counts["requests"] == 10 and counts["cached"] == 7
-    assert counts["responses"] == 10 and counts["errors"] == 1
+    assert counts["responses"] == 10 and counts["errors"] == 4  # one on each scoring route
     assert counts["shadow_sent"] == 5 and counts["latency_le:+Inf"] == 10
     # all 10 at 5 ms, in the (2 ms, 5 ms] bucket: the median interpolates within it
     assert quantile(0.5, counts, "latency_le") == pytest.approx(0.0035)
@@ -391,7 +392,9 @@ def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  
             time.sleep(0.5)
         for i in range(30):
             registries["v2"].observe_request("l1" if i < 24 else "miss", {"total": 5.0})
-            registries["v2"].observe_response("/v1/score", 500 if i < 3 else 200)
+            route = SCORING_ROUTES[(i + 1) % len(SCORING_ROUTES)]  # the 500s: v2 HTTP and gRPC
+            registries["v2"].observe_response(route, 500 if i < 3 else 200)
+            registries["v2"].observe_response("/v1/prefetch", 500)  # not a scoring answer
         for _ in range(12):
             delta, rho, _ = compare(np.array([0.9, 0.5]), np.array([0.9, 0.5]), 1)
             for d in delta:

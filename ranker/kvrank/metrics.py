@@ -33,12 +33,18 @@ STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 """Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
 OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
 CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
+PROTOCOLS = ("json", "v2-http", "v2-grpc")
+"""How a scoring request came: ``/v1/score``'s JSON body, the Open Inference Protocol's
+HTTP ``infer`` or its gRPC ``ModelInfer`` (the ``protocol`` label)."""
 SCORE_ROUTE = "/v1/score"
 INFER_ROUTES = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer")
 """The Open Inference Protocol's scoring routes (templates, as the responses counter and
 the access lines name them)."""
-SCORE_CODES = ("200", "412", "422", "500", "503", "504")
-"""Responses of the scoring route exported from the start: a series born at its first
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+"""The route an inference over gRPC is counted and logged under."""
+SCORING_ROUTES = (SCORE_ROUTE, *INFER_ROUTES, INFER_METHOD)
+SCORE_CODES = ("200", "400", "412", "422", "500", "503", "504")
+"""Responses of the scoring routes exported from the start: a series born at its first
 response hides that response from Prometheus' ``increase()`` (a canary's first 5xx
 included)."""
 ENCODE_KINDS = ("full", "incremental")
@@ -64,9 +70,13 @@ class Metrics:
         for runtime in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             r.register(runtime)  # CPU, memory, open files, GC: the process's own health
         requests = Counter(
-            "kvrank_requests", "Scoring requests by outcome", [*names, "outcome"], registry=r
+            "kvrank_requests",
+            "Scoring requests by outcome and protocol",
+            [*names, "outcome", "protocol"],
+            registry=r,
         )
-        self.requests = {o: requests.labels(*values, o) for o in OUTCOMES}
+        each = [(o, p) for o in OUTCOMES for p in PROTOCOLS]
+        self.requests = {(o, p): requests.labels(*values, o, p) for o, p in each}
         stage = Histogram(
             "kvrank_stage_seconds",
             "Latency per stage of a scoring request (the whole: kvrank_request_seconds)",
@@ -77,12 +87,12 @@ class Metrics:
         self.stages = {s: stage.labels(*values, s) for s in STAGES}
         latency = Histogram(
             "kvrank_request_seconds",
-            "Scoring latency (the whole request) by cache outcome",
-            [*names, "outcome"],
+            "Scoring latency (the whole request) by cache outcome and protocol",
+            [*names, "outcome", "protocol"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.latency = {o: latency.labels(*values, o) for o in OUTCOMES}
+        self.latency = {(o, p): latency.labels(*values, o, p) for o, p in each}
         encodes = Counter(
             "kvrank_user_encodes", "User-side computations by kind", [*names, "kind"], registry=r
         )
@@ -142,8 +152,9 @@ class Metrics:
             [*names, "route", "code"],
             registry=r,
         )
-        for code in SCORE_CODES:  # at 0 from the start: increase() sees their first ones
-            self._responses.labels(*values, SCORE_ROUTE, code)
+        for route in SCORING_ROUTES:  # at 0 from the start: increase() sees their first ones
+            for code in SCORE_CODES:
+                self._responses.labels(*values, route, code)
         self._response_children: dict[tuple[str, int], Counter] = {}
         """``(route, code)`` → its counter: ``labels()`` takes a lock and checks every value
         each call, on every answer (a shed one too); routes × codes are few."""
@@ -159,9 +170,11 @@ class Metrics:
             self._response_children[(route, code)] = child
         child.inc()
 
-    def observe_request(self, outcome: str, timings_ms: dict[str, float]) -> None:
-        self.requests[outcome].inc()
-        self.latency[outcome].observe(timings_ms["total"] / 1e3)
+    def observe_request(
+        self, outcome: str, timings_ms: dict[str, float], protocol: str = "json"
+    ) -> None:
+        self.requests[outcome, protocol].inc()
+        self.latency[outcome, protocol].observe(timings_ms["total"] / 1e3)
         for stage, ms in timings_ms.items():
             if stage != "total":
                 self.stages[stage].observe(ms / 1e3)

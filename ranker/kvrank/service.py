@@ -161,10 +161,12 @@ class RankingService:
         user: UserInput,
         cands: CandidateInput,
         deadline: Deadline | None = None,
+        protocol: str = "json",
     ) -> ScoreResult:
         """Scores of ``cands`` for the user; raises :class:`~kvrank.errors.Overloaded` when
         the pod cannot serve it before ``deadline`` (default: the configured one), and
-        :class:`~kvrank.errors.Abandoned` when nobody waits for it any more."""
+        :class:`~kvrank.errors.Abandoned` when nobody waits for it any more. ``protocol``:
+        how the request came (:data:`~kvrank.metrics.PROTOCOLS`, a metrics label)."""
         start = time.perf_counter()
         check_user(self.features, user)
         check_candidates(self.features, cands)
@@ -174,14 +176,20 @@ class RankingService:
         with self.admission.admit(deadline or self.deadline()) as ticket:
             if self.settings.cache_mode == "full":
                 logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
-                return self._result(logits, Outcome.NONE, {"total": _ms(start)})
-            return await self._score_cached(user_id, user, cands, ticket, start)
+                return self._result(logits, Outcome.NONE, {"total": _ms(start)}, protocol)
+            return await self._score_cached(user_id, user, cands, ticket, (start, protocol))
 
     async def _score_cached(
-        self, user_id: str, user: UserInput, cands: CandidateInput, ticket: Ticket, start: float
+        self,
+        user_id: str,
+        user: UserInput,
+        cands: CandidateInput,
+        ticket: Ticket,
+        came: tuple[float, str],
     ) -> ScoreResult:
         """Scores against the user's state from the nearest tier, else made; a cached state
         whose scores are not finite is dropped and made again, once."""
+        start, protocol = came
         for _ in range(2):
             found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket)
             t = time.perf_counter()
@@ -189,7 +197,7 @@ class RankingService:
             if logits is not None:
                 timings["score"] = _ms(t)
                 timings["total"] = _ms(start)
-                return self._result(logits, found.outcome, timings, seq_hash, len(user))
+                return self._result(logits, found.outcome, timings, protocol, seq_hash, len(user))
             if found.outcome is Outcome.MISS:
                 break  # made afresh for this request: the model's own scores
         raise NonFiniteScores(self.model.version)
@@ -201,6 +209,7 @@ class RankingService:
         cands: CandidateInput,
         deadline: Deadline | None = None,
         field: str = "seq_hash",
+        protocol: str = "json",
     ) -> ScoreResult:
         """Scores of ``cands`` against the entry under exactly ``(user_id, seq_hash)`` in any
         tier; :class:`~kvrank.errors.HistoryRequired` (naming ``field``, where the hash came
@@ -224,7 +233,7 @@ class RankingService:
                 raise HistoryRequired(field, seq_hash)
             self.metrics.by_reference["served"].inc()
             timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
-            return self._result(logits, found.outcome, timings, seq_hash)
+            return self._result(logits, found.outcome, timings, protocol, seq_hash)
 
     async def _finite_scores(
         self, user_id: str, seq_hash: str, found: Lookup, cands: CandidateInput
@@ -311,10 +320,11 @@ class RankingService:
         logits: Tensor,
         outcome: Outcome,
         timings: dict[str, float],
+        protocol: str,
         seq_hash: str | None = None,
         events: int | None = None,
     ) -> ScoreResult:
-        self.metrics.observe_request(outcome.value, timings)
+        self.metrics.observe_request(outcome.value, timings, protocol)
         return ScoreResult(logits.sigmoid(), logits, outcome, timings, seq_hash, events)
 
 

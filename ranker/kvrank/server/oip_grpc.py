@@ -40,14 +40,13 @@ from kvrank.errors import (
     NonFiniteScores,
     Overloaded,
 )
+from kvrank.metrics import INFER_METHOD
 from kvrank.server import oip
 from kvrank.server.edge import AccessRecord, access_line
 from kvrank.server.routes import check_routing_key, model_refusal, score_inputs
 from kvrank.server.state import AppState
 from kvrank.service import RankingService, ScoreResult
 
-INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
-"""The route an inference over gRPC is counted and logged under."""
 _CONTENTS = {"INT64": "int64_contents", "FP32": "fp32_contents"}
 _HTTP_EQUIVALENT = {
     grpc.StatusCode.OK: 200,
@@ -139,7 +138,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             self._routed(context, inputs.user_id)
             access.user = self.state.user_hash(inputs.user_id)
             access.model_version = svc.model.version
-            result = await score_inputs(svc, inputs, deadline)
+            result = await score_inputs(svc, inputs, deadline, "v2-grpc")
         except InputError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         except HistoryRequired as exc:

@@ -92,15 +92,16 @@ def model_refusal(state: AppState, name: str, version: str | None) -> tuple[int,
 
 
 async def score_inputs(
-    svc: RankingService, inputs: ModelInputs, deadline: Deadline | None
+    svc: RankingService, inputs: ModelInputs, deadline: Deadline | None, protocol: str
 ) -> ScoreResult:
     """Score an inference request's inputs: by reference when they name a sequence hash."""
+    user_id, cands = inputs.user_id, inputs.candidates
     if inputs.seq_hash is not None:
         return await svc.score_by_reference(
-            inputs.user_id, inputs.seq_hash, inputs.candidates, deadline, inputs.seq_hash_from
+            user_id, inputs.seq_hash, cands, deadline, inputs.seq_hash_from, protocol
         )
     assert inputs.user is not None  # decoded with its history
-    return await svc.score(inputs.user_id, inputs.user, inputs.candidates, deadline)
+    return await svc.score(user_id, inputs.user, cands, deadline, protocol)
 
 
 def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:

@@ -89,7 +89,7 @@ async def infer(request: Request, state: State, name: str, version: str | None =
         req = oip.decode(await request.body(), request.headers.get(oip.HEADER_LENGTH))
         inputs = oip.model_inputs(req, svc.features, if_match(request.headers.get(IF_MATCH)))
         access = routed_user(request, state, inputs.user_id, "the user_id input")
-        result = await score_inputs(svc, inputs, deadline)
+        result = await score_inputs(svc, inputs, deadline, "v2-http")
     except InputError as exc:
         # the protocol's error answer: 400, the message naming the input (what clients show);
         # the service checks every input, as it does a /v1/score body's

@@ -194,7 +194,8 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
     text = client.get("/metrics").text
     # not "namespace": Prometheus adds that (the pod's) to every series it scrapes
     assert (
-        'kvrank_requests_total{cache_namespace="ns-a",model_version="v1",outcome="l1"} 1.0'
+        'kvrank_requests_total{cache_namespace="ns-a",model_version="v1",outcome="l1",'
+        'protocol="json"} 1.0'
     ) in text
     assert (
         'kvrank_user_encodes_total{cache_namespace="ns-a",kind="full",model_version="v1"} 1.0'
@@ -206,7 +207,7 @@ def test_health_ready_metrics_and_admin(make_client, request_for) -> None:
     for outcome in ("miss", "l1"):  # latency by cache outcome: one request each
         assert (
             f'kvrank_request_seconds_count{{cache_namespace="ns-a",model_version="v1",'
-            f'outcome="{outcome}"}} 1.0'
+            f'outcome="{outcome}",protocol="json"}} 1.0'
         ) in text
     assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
     assert "kvrank_request_interval_seconds_bucket" in text
@@ -549,7 +550,7 @@ def test_a_user_evicted_from_l1_is_served_from_the_host_tier(
     assert "host" in again["timings_ms"]
     text = client.get("/metrics").text
     assert (
-        'kvrank_requests_total{cache_namespace="default",model_version="v1",outcome="host"} 1.0'
-        in text
+        'kvrank_requests_total{cache_namespace="default",model_version="v1",outcome="host",'
+        'protocol="json"} 1.0' in text
     )
     assert "kvrank_host_entries" in text

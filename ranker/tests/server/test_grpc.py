@@ -74,6 +74,8 @@ def test_tritonclient_grpc_scores_as_the_json_api_does(grpc_server, request_for,
         client.close()
     served = server.metric("kvrank_http_responses_total", route=METHOD, code="200")
     assert served == 2
+    assert server.metric("kvrank_requests_total", protocol="v2-grpc", outcome="l1") == 2
+    assert server.metric("kvrank_requests_total", protocol="json") == 1
 
 
 def test_grpc_refusals_are_status_codes_naming_the_input(grpc_server, request_for, spec) -> None:

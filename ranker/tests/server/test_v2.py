@@ -198,6 +198,10 @@ def test_tritonclient_scores_against_a_real_server(spawn_server, request_for, sp
             client.infer(MODEL, [bad])
     finally:
         client.close()
+    # each request counted under the protocol it came by
+    assert server.metric("kvrank_requests_total", protocol="json") == 1
+    assert server.metric("kvrank_requests_total", protocol="v2-http", outcome="l1") == 2
+    assert server.metric("kvrank_request_seconds_count", protocol="v2-http") == 2
 
 
 def test_whatever_a_client_sends_to_infer_is_never_a_server_error(make_client, request_for, spec):
