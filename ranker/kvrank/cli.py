@@ -373,8 +373,10 @@ DeadlineOption = Annotated[
 ProtocolOption = Annotated[
     str,
     typer.Option(
-        help="replay: json sends every history whole; json-ref sends an unchanged one by"
-        " reference (If-Match with the user's last ETag; whole again after a 412)."
+        help="replay: json sends every history whole to /v1/score; json-ref sends an unchanged"
+        " one by reference (If-Match with the user's last ETag; whole again after a 412);"
+        " v2-http: Open Inference Protocol infer with binary tensors; v2-grpc: its ModelInfer"
+        " on the rankers' gRPC ports."
     ),
 ]
 
@@ -451,9 +453,9 @@ def _replay(
 ) -> None:
     """``loadtest --scenario replay``: the options checked, then the side-by-side run."""
     from kvrank.errors import WorkloadError
+    from kvrank.tools.callers import PROTOCOLS
     from kvrank.tools.jobs import run_loadtest
     from kvrank.tools.loadtest import SOURCES
-    from kvrank.tools.replay import PROTOCOLS
 
     if profile not in ("smoke", "quick", "full"):
         raise typer.BadParameter("profile must be smoke, quick or full", param_hint="--profile")

@@ -69,14 +69,6 @@ class Metrics:
         r = self.registry
         for runtime in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             r.register(runtime)  # CPU, memory, open files, GC: the process's own health
-        requests = Counter(
-            "kvrank_requests",
-            "Scoring requests by outcome and protocol",
-            [*names, "outcome", "protocol"],
-            registry=r,
-        )
-        each = [(o, p) for o in OUTCOMES for p in PROTOCOLS]
-        self.requests = {(o, p): requests.labels(*values, o, p) for o, p in each}
         stage = Histogram(
             "kvrank_stage_seconds",
             "Latency per stage of a scoring request (the whole: kvrank_request_seconds)",
@@ -85,14 +77,6 @@ class Metrics:
             registry=r,
         )
         self.stages = {s: stage.labels(*values, s) for s in STAGES}
-        latency = Histogram(
-            "kvrank_request_seconds",
-            "Scoring latency (the whole request) by cache outcome and protocol",
-            [*names, "outcome", "protocol"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.latency = {(o, p): latency.labels(*values, o, p) for o, p in each}
         encodes = Counter(
             "kvrank_user_encodes", "User-side computations by kind", [*names, "kind"], registry=r
         )
@@ -124,10 +108,31 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         ).labels(*values)
+        self._requests(names, values)
         self._http_and_prefetch(names, values)
         self._values = values
         self._served = 0
         self._cached = 0
+
+    def _requests(self, names: list[str], values: tuple[str, str]) -> None:
+        """Scoring requests and their latency, by cache outcome and protocol."""
+        r = self.registry
+        requests = Counter(
+            "kvrank_requests",
+            "Scoring requests by outcome and protocol",
+            [*names, "outcome", "protocol"],
+            registry=r,
+        )
+        each = [(o, p) for o in OUTCOMES for p in PROTOCOLS]
+        self.requests = {(o, p): requests.labels(*values, o, p) for o, p in each}
+        latency = Histogram(
+            "kvrank_request_seconds",
+            "Scoring latency (the whole request) by cache outcome and protocol",
+            [*names, "outcome", "protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = {(o, p): latency.labels(*values, o, p) for o, p in each}
 
     def _http_and_prefetch(self, names: list[str], values: tuple[str, str]) -> None:
         r = self.registry

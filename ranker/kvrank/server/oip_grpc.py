@@ -48,7 +48,7 @@ from kvrank.server.state import AppState
 from kvrank.service import RankingService, ScoreResult
 
 _CONTENTS = {"INT64": "int64_contents", "FP32": "fp32_contents"}
-_HTTP_EQUIVALENT = {
+HTTP_EQUIVALENT = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.NOT_FOUND: 404,
@@ -120,7 +120,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         finally:
             if context.cancelled() and code is grpc.StatusCode.OK:
                 code = grpc.StatusCode.CANCELLED
-            status = _HTTP_EQUIVALENT.get(code, 500)
+            status = HTTP_EQUIVALENT.get(code, 500)
             if self.state.service is not None:
                 self.state.service.metrics.observe_response(INFER_METHOD, status)
             shed = code is grpc.StatusCode.RESOURCE_EXHAUSTED

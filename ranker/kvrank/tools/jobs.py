@@ -133,8 +133,8 @@ def run_loadtest(
     protocol: str = "json",
 ) -> dict[str, Any]:
     """``workload``: knobs that replace the profile's (``None`` values keep its own);
-    ``protocol``: how the cached side's requests send their history (``json-ref``: by
-    reference when unchanged)."""
+    ``protocol``: how requests are sent (:data:`~kvrank.tools.callers.PROTOCOLS`;
+    ``json-ref``: the cached side's by reference when unchanged)."""
     from dataclasses import replace
 
     from kvrank.tools.loadtest import PROFILES, run_load
@@ -159,7 +159,8 @@ def run_loadtest(
             protocol=protocol,
             on_result=lambda side, _result: shown.advance(side),
         )
-    _print_load(run.summary, f"kvrank loadtest — {profile} profile, {source} workload")
+    title = f"kvrank loadtest — {profile} profile, {source} workload, {protocol}"
+    _print_load(run.summary, title)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(run.summary, indent=2) + "\n")

@@ -28,10 +28,11 @@ import torch
 
 from kvrank.data.movielens_features import MOVIELENS
 from kvrank.errors import WorkloadError
-from kvrank.model.artifact import save_model
+from kvrank.model.artifact import load_ranker, save_model
 from kvrank.model.config import QUICK, ModelConfig
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import ProcessStack, scrape
+from kvrank.tools.callers import GRPC_PROTOCOLS
+from kvrank.tools.processes import ProcessStack, free_port, scrape
 from kvrank.tools.replay import Result, replay, summarize, warm_up
 from kvrank.tools.timeline import NAME as TIMELINE
 from kvrank.tools.timeline import timeline_requests
@@ -116,8 +117,8 @@ def run_load(
     """``workload`` replaces the profile's (request counts stay the profile's); ``pods``
     cache-enabled rankers share one Redis. ``source`` is one of :data:`SOURCES` (the
     timeline takes its rate, candidates and seed from the workload settings). ``protocol``
-    (:data:`~kvrank.tools.replay.PROTOCOLS`) is how the cached side sends histories; the
-    no-cache side always sends them whole (it holds none to refer to)."""
+    (:data:`~kvrank.tools.callers.PROTOCOLS`) is how every side sends its requests, but the
+    no-cache side sends ``json-ref``'s whole (it holds none to refer to)."""
     prof = PROFILES[profile]
     settings = workload or prof.workload
     tmp = Path(tempfile.mkdtemp(prefix="kvrank-load-")) if workdir is None else workdir
@@ -162,21 +163,32 @@ def _measure(
     # threads than cores only makes them wait on each other)
     threads = max(1, len(os.sched_getaffinity(0)) // pods)
     per_pod = ["--torch-threads", str(threads)]
-    cache_urls = [
-        stack.start_ranker(model_dir, *l2, "--namespace", "load", *per_pod) for _ in range(pods)
-    ]
-    nocache_urls = [stack.start_ranker(model_dir, "--no-cache", *per_pod) for _ in range(pods)]
-    alone_url = stack.start_ranker(model_dir, "--no-cache")
+
+    def ranker(*args: str) -> tuple[str, str]:
+        return _start_ranker(stack, model_dir, protocol in GRPC_PROTOCOLS, *args)
+
+    cached = [ranker(*l2, "--namespace", "load", *per_pod) for _ in range(pods)]
+    nocached = [ranker("--no-cache", *per_pod) for _ in range(pods)]
+    alone_url, alone_target = ranker("--no-cache")
+    cache_urls = [url for url, _ in cached]
 
     def tag(name: str) -> Callable[[Result], None] | None:
         return (lambda r: on_result(name, r)) if on_result else None
 
-    asyncio.run(warm_up(requests, [*cache_urls, *nocache_urls, alone_url]))
+    asyncio.run(warm_up(requests, [*cache_urls, *(url for url, _ in nocached), alone_url]))
+    spec = load_ranker(model_dir).features if protocol.startswith("v2") else None
+    whole = "json" if protocol == "json-ref" else protocol  # no-cache pods hold no reference
     encodes_before = _encodes(cache_urls)
-    cache = asyncio.run(replay(requests, cache_urls, 16, tag("cache"), protocol=protocol))
-    nocache = asyncio.run(replay(requests, nocache_urls, 16, tag("nocache")))
+    cache = asyncio.run(
+        replay(requests, [t for _, t in cached], 16, tag("cache"), protocol=protocol, spec=spec)
+    )
+    nocache = asyncio.run(
+        replay(requests, [t for _, t in nocached], 16, tag("nocache"), protocol=whole, spec=spec)
+    )
     one_by_one = [replace(r, at_s=0.0) for r in requests[:alone_requests]]
-    alone = asyncio.run(replay(one_by_one, [alone_url], 1, tag("alone")))
+    alone = asyncio.run(
+        replay(one_by_one, [alone_target], 1, tag("alone"), protocol=whole, spec=spec)
+    )
     full, incr = (
         after - before for after, before in zip(_encodes(cache_urls), encodes_before, strict=True)
     )
@@ -190,6 +202,17 @@ def _measure(
         threads=threads,
         redis=bool(redis_url),
     )
+
+
+def _start_ranker(
+    stack: ProcessStack, model_dir: Path, by_grpc: bool, *args: str
+) -> tuple[str, str]:
+    """A ranker's URL, and where requests go to it (its gRPC port when ``by_grpc``)."""
+    if not by_grpc:
+        url = stack.start_ranker(model_dir, *args)
+        return url, url
+    port = free_port()
+    return stack.start_ranker(model_dir, *args, "--grpc-port", str(port)), f"127.0.0.1:{port}"
 
 
 def _summary(

@@ -1,7 +1,8 @@
 """Sends a workload to running servers and records what every request experienced.
 
 Requests go out at their scheduled times (open loop, bounded concurrency), round-robin
-over the given server URLs; each result keeps latency, HTTP status and cache outcome.
+over the given servers, by one protocol (:mod:`kvrank.tools.callers`); each result keeps
+latency, (HTTP) status and cache outcome.
 :func:`summarize` turns results into the figures reports print (hit ratios, p50/p99, QPS).
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -22,21 +21,9 @@ import aiohttp
 import httpx
 import numpy as np
 
-from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER
+from kvrank.model.contract import FeatureSpec
+from kvrank.tools.callers import JSON_HEADERS, WAIT_S, Caller, Encoded, encode
 from kvrank.tools.workload import Request
-
-WAIT_S = MAX_TIMEOUT_MS / 1e3
-"""How long the replay waits for an answer; it tells the server so (``x-kvrank-timeout-ms``),
-or a pod would shed by its default deadline requests this caller still waits for — on a
-loaded machine, errors the workload did not cause."""
-HEADERS = {"content-type": "application/json", TIMEOUT_HEADER: str(MAX_TIMEOUT_MS)}
-
-
-PROTOCOLS = ("json", "json-ref")
-"""How a replay sends each request's history: ``json``, always whole; ``json-ref``, by
-reference (``If-Match`` with the ETag its last answer named, candidates only) when the user's
-history is the one it sent last, whole otherwise and again whole after a 412 — what a caller
-that remembers its users' last ETag does."""
 
 
 @dataclass(frozen=True)
@@ -51,26 +38,6 @@ class Result:
     """``json-ref``: ``served`` (scored by reference), ``history_required`` (412, then sent
     whole: its latency counts both), ``failed`` (another error answered the reference), or
     empty (sent whole)."""
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    """A request's bodies, encoded before the clock starts."""
-
-    whole: bytes
-    by_reference: bytes
-    history: bytes
-    """A digest of everything but the candidates: whether the user's history changed."""
-
-    @staticmethod
-    def of(body: dict[str, Any], protocol: str) -> _Encoded:
-        whole = json.dumps(body).encode()
-        if protocol != "json-ref":
-            return _Encoded(whole, b"", b"")
-        rest = {k: v for k, v in body.items() if k != "candidates"}
-        ref = {"user_id": body.get("user_id"), "candidates": body.get("candidates")}
-        digest = hashlib.blake2b(json.dumps(rest).encode(), digest_size=16).digest()
-        return _Encoded(whole, json.dumps(ref).encode(), digest)
 
 
 @contextlib.contextmanager
@@ -88,75 +55,61 @@ def collector_off() -> Iterator[None]:
 
 async def replay(
     requests: Iterable[Request],
-    urls: list[str],
+    targets: list[str],
     concurrency: int = 16,
     on_result: Callable[[Result], None] | None = None,
     speed: float = 1.0,
     routing_header: str | None = None,
     protocol: str = "json",
+    spec: FeatureSpec | None = None,
 ) -> list[Result]:
     """Open-loop replay; ``speed`` > 1 compresses the schedule. With ``routing_header``
     each request carries its user id there, as callers behind a hashing router do.
-    ``protocol``: one of :data:`PROTOCOLS`."""
+    ``protocol``: one of :data:`~kvrank.tools.callers.PROTOCOLS` (``targets``: the rankers'
+    URLs, or their gRPC ``host:port`` for ``v2-grpc``; v2 needs the model's ``spec``)."""
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
     etags: dict[str, tuple[bytes, str]] = {}
     """user → (history digest, ETag) of its last answer sent whole (``json-ref``)."""
 
-    async def one(session: aiohttp.ClientSession, i: int, req: Request, body: _Encoded) -> None:
-        headers = HEADERS if routing_header is None else {**HEADERS, routing_header: req.user_id}
-        url = f"{urls[i % len(urls)]}/v1/score"
+    async def one(caller: Caller, i: int, req: Request, body: Encoded) -> None:
+        routed = {} if routing_header is None else {routing_header: req.user_id}
+        target = targets[i % len(targets)]
         async with sem:
             t0 = time.monotonic()
             known, by_ref = etags.get(req.user_id), ""
             try:
                 if protocol == "json-ref" and known is not None and known[0] == body.history:
-                    tagged = {**headers, "If-Match": known[1]}
-                    status, outcome, _ = await _post(session, url, body.by_reference, tagged)
+                    tagged = {**routed, "If-Match": known[1]}
+                    status, outcome, _ = await caller.send(target, body.by_reference, tagged)
                     by_ref = {200: "served", 412: "history_required"}.get(status, "failed")
                 if by_ref in ("", "history_required"):
-                    status, outcome, etag = await _post(session, url, body.whole, headers)
+                    sent = {**routed, **body.headers}
+                    status, outcome, etag = await caller.send(target, body.whole, sent)
                     if etag is not None:
                         etags[req.user_id] = (body.history, etag)
             except (aiohttp.ClientError, TimeoutError) as exc:  # named, not hidden in a count
                 outcome, status = f"error: {type(exc).__name__}", 0
             t1 = time.monotonic()
-            r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(urls), by_ref)
+            r = Result(t0 - start, (t1 - t0) * 1e3, status, outcome, i % len(targets), by_ref)
             results.append(r)
             if on_result:
                 on_result(r)
 
-    # aiohttp, not httpx, sends the timed requests: its own cost is ~0.2 ms a request where
-    # httpx's is ~2 ms on a small CPU — time the load generator would add to every latency
-    # (the fast server's most). Idle connections are closed before uvicorn's 5 s keep-alive
-    # does: a request sent on a connection the server is closing fails without reaching it.
-    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=4.0)
-    timeout = aiohttp.ClientTimeout(total=WAIT_S)
-    # bodies encoded before the clock starts: latency is the server's, not the generator's JSON
+    # bodies encoded before the clock starts: latency is the server's, not the generator's
     requests = list(requests)
-    bodies = [_Encoded.of(req.body, protocol) for req in requests]
+    bodies = [encode(req.body, protocol, spec) for req in requests]
     with collector_off():
         start = time.monotonic()
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with Caller(protocol, concurrency) as caller:
             tasks = []
             for i, (req, body) in enumerate(zip(requests, bodies, strict=True)):
                 delay = req.at_s / speed - (time.monotonic() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(session, i, req, body)))
+                tasks.append(asyncio.create_task(one(caller, i, req, body)))
             await asyncio.gather(*tasks)
     return sorted(results, key=lambda r: r.sent_s)
-
-
-async def _post(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
-) -> tuple[int, str, str | None]:
-    """One scoring call: its status, cache outcome (``error`` unless 200) and ETag."""
-    async with session.post(url, data=body, headers=headers) as resp:
-        payload = await resp.read()
-    if resp.status != 200:
-        return resp.status, "error", None
-    return resp.status, json.loads(payload).get("cache", "error"), resp.headers.get("etag")
 
 
 WARMUP_USERS = 4
@@ -172,7 +125,7 @@ async def warm_up(requests: list[Request], urls: list[str], users: int = WARMUP_
     ratios and misses are the workload's; each warm-up user comes once, so no request
     interval is observed and the adaptive TTL starts where it would have.
     """
-    async with httpx.AsyncClient(timeout=WAIT_S, headers=HEADERS) as client:
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=JSON_HEADERS) as client:
         for url in urls:
             for i, req in enumerate(requests[:users]):
                 body = {**req.body, "user_id": f"warmup-{i}"}

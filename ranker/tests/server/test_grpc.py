@@ -126,3 +126,29 @@ def test_typed_contents_score_as_raw_ones(grpc_server, request_for, spec) -> Non
     scores = np.frombuffer(answer.raw_output_contents[0], "<f4").astype(float).tolist()
     assert scores == expected["scores"]
     assert answer.parameters["cache"].string_param == "l1"
+
+
+@pytest.mark.parametrize("protocol", ["v2-http", "v2-grpc"])
+def test_a_replay_by_the_v2_protocols_reads_each_answer_as_the_json_replay_does(
+    spawn_server, request_for, spec, protocol
+) -> None:
+    """``kvrank loadtest --protocol v2-http|v2-grpc``'s caller against a real server: each
+    answer's cache outcome read from the protocol's own answer, a refusal recorded under the
+    HTTP status its gRPC code stands for, and every call counted under its protocol."""
+    import asyncio
+
+    from kvrank.tools.replay import replay
+    from kvrank.tools.workload import Request
+
+    port = free_port()
+    server = spawn_server("--grpc-port", str(port))
+    target = f"127.0.0.1:{port}" if protocol == "v2-grpc" else server.url
+    _, _, body = request_for("ines", n=9, c=5)
+    bad = {**body, "candidates": {**body["candidates"]}}
+    column = next(iter(bad["candidates"]))
+    bad["candidates"][column] = bad["candidates"][column][:-1]  # one row short: a bad input
+    requests = [Request(0.0, "ines", b, returning=i > 0) for i, b in enumerate([body, body, bad])]
+    results = asyncio.run(replay(requests, [target], concurrency=1, protocol=protocol, spec=spec))
+    assert [(r.status, r.outcome) for r in results] == [(200, "miss"), (200, "l1"), (400, "error")]
+    assert server.metric("kvrank_requests_total", protocol=protocol) == 2
+    assert server.metric("kvrank_requests_total", protocol="json") == 0
