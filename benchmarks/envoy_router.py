@@ -32,6 +32,8 @@ class EnvoyRouter:
         self.dir = workdir / "envoy"
         self.dir.mkdir(parents=True)
         self.port, self.stats_port, self.admin_port = free_port(), free_port(), free_port()
+        self.grpc_port = free_port()
+        """For a :class:`RouterConfig`'s ``grpc_port`` (its gRPC listener, when it has one)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "envoy.log"
 

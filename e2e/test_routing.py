@@ -1,7 +1,8 @@
 """Cache-affinity routing: with ``routing.mode: bundled`` the shared Service fronts an Envoy
 router the operator deploys, which sends each user (by the routing header) to one ranker
 pod, so its repeat requests are L1 hits where the plain Service spreads them over every pod;
-a prefetch routed by the same key makes the next request a hit; a pod deleted under load
+a prefetch routed by the same key makes the next request a hit; gRPC calls are routed by the
+same key through the routers' gRPC listener; a pod deleted under load
 fails no request and moves only its own users, whose entries come back from Redis; and the
 canary's share is split per user, so raising it moves only the users it adds."""
 
@@ -189,6 +190,41 @@ def test_a_prefetch_routed_by_the_same_key_makes_the_ranking_request_a_hit(
         stack.wait_for(lambda n=before + i + 1: prefetched() >= n, f"prefetch {i} made", 30)
         # the user's first ranking request: its entry was made on the pod it is routed to
         assert answer(ranker, body)[0] == "l1", body["user_id"]
+
+
+def test_grpc_calls_through_the_routers_stick_to_the_pod_holding_the_users_entry(
+    stack: Stack, ranker: Ranker
+) -> None:
+    """The shared Service's ``grpc`` port is the routers' too: with the user key as call
+    metadata, a user's repeat ``ModelInfer`` calls are L1 hits on the pod its first call
+    filled, scored as the JSON API scores them."""
+    import tritonclient.grpc as triton
+
+    from kvrank.server.oip import tensors
+
+    spec = load_ranker(stack.models / "feed-ranker" / "v1").features
+    client = triton.InferenceServerClient(stack.grpc_address(ranker.name))
+
+    def call(body: dict[str, Any]) -> tuple[str, list[float]]:
+        inputs = []
+        for name, kind, array in tensors(spec, body):
+            tensor = triton.InferInput(name, list(array.shape), kind)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = client.infer(ranker.name, inputs, headers={HEADER.lower(): body["user_id"]})
+        cache = result.get_response().parameters["cache"].string_param
+        return cache, result.as_numpy("scores").astype(float).tolist()
+
+    try:
+        bodies = users(24, "grpc-user")
+        first = [call(b) for b in bodies]
+        again = [call(b) for b in bodies]
+    finally:
+        client.close()
+    assert sum(c == "l1" for c, _ in again) >= 0.9 * len(bodies), again
+    assert [s for _, s in again] == [s for _, s in first]
+    for body, (_, scores) in list(zip(bodies, again, strict=True))[:3]:
+        assert post(ranker, body).json()["scores"] == scores
 
 
 def test_a_pod_deleted_under_load_fails_no_request_and_moves_only_its_users(

@@ -22,7 +22,7 @@ from envoy_router import EnvoyRouter
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import RankerProcess
+from kvrank.tools.processes import RankerProcess, free_port
 from kvrank.tools.workload import Workload, WorkloadSettings
 from kvrank_operator.manifests.router import RouterConfig, Upstream
 
@@ -117,6 +117,59 @@ def test_each_user_reaches_the_pod_holding_its_entry(envoy: Envoy, tmp_path: Pat
         assert sum(users_per_pod) == USERS, users_per_pod  # one pod per user
         assert random_share <= l1_share - 0.3, Counter(unrouted)
     finally:
+        for r in rankers:
+            r.stop()
+
+
+def test_grpc_calls_reach_the_pod_holding_the_users_entry(envoy: Envoy, tmp_path: Path) -> None:
+    """Through the router's gRPC listener, the user key sent as call metadata (what
+    ``tritonclient.grpc`` sends as ``headers``): each user is encoded once, on one pod, every
+    repeat call is an L1 hit there, and the scores are those the JSON API gives."""
+    import tritonclient.grpc as triton
+
+    from kvrank.model.onetrans import feature_spec
+    from kvrank.server.oip import tensors
+
+    model = artifact(tmp_path / "models", "v1", 0)
+    grpc_ports = [free_port() for _ in range(3)]
+    env = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
+    rankers = [
+        RankerProcess.start(model, tmp_path, "--grpc-port", str(p), env=env) for p in grpc_ports
+    ]
+    client = None
+    try:
+        http = tuple(("127.0.0.1", r.port) for r in rankers)
+        grpc = tuple(("127.0.0.1", p) for p in grpc_ports)
+        upstream = Upstream("feed-v1", 100, True, http, grpc)
+        envoy.write(RouterConfig([upstream], port=envoy.port, grpc_port=envoy.grpc_port))
+        envoy.start()
+        envoy.wait_routable()
+        client = triton.InferenceServerClient(f"127.0.0.1:{envoy.grpc_port}")
+        spec, bodies = feature_spec(TINY), requests(40)
+
+        def call(body: dict) -> tuple[str, list[float]]:
+            inputs = []
+            for name, kind, array in tensors(spec, body):
+                tensor = triton.InferInput(name, list(array.shape), kind)
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            result = client.infer("ranker", inputs, headers={"x-kvrank-user": body["user_id"]})
+            cache = result.get_response().parameters["cache"].string_param
+            return cache, result.as_numpy("scores").astype(float).tolist()
+
+        first = [call(b) for b in bodies]
+        again = [call(b) for b in bodies]
+        users_per_pod = [r.metric("kvrank_user_encodes_total", kind="full") for r in rankers]
+        caches = [cache for cache, _ in again]
+        assert caches.count("l1") / len(caches) >= 0.95, Counter(caches)
+        assert sum(users_per_pod) == len(bodies), users_per_pod  # one pod per user
+        assert [s for _, s in again] == [s for _, s in first]
+        for body, (_, scores) in list(zip(bodies, again, strict=True))[:5]:
+            assert envoy.score(body, body["user_id"])["scores"] == scores
+        assert sum(r.metric("kvrank_requests_total", protocol="v2-grpc") for r in rankers) == 80
+    finally:
+        if client is not None:
+            client.close()
         for r in rankers:
             r.stop()
 

@@ -306,9 +306,7 @@ def test_redis_requests_cpu_and_storage_unless_its_resources_say_otherwise() -> 
     assert security["runAsUser"] > 10000 and security["runAsGroup"] > 10000
 
 
-def test_every_ranker_serves_v2_grpc_and_its_services_reach_it_unless_the_router_fronts_it() -> (
-    None
-):
+def test_every_ranker_serves_v2_grpc_and_its_services_and_the_router_reach_it() -> None:
     grpc = {"name": "grpc", "port": 8001, "targetPort": "grpc"}
     spec = parse_spec({"model": {"version": "v1", "uri": "/m"}})
     (ranker,) = m.deployment(spec, "feed", "prod", "v1", "/m", 2, "stable")["spec"]["template"][
@@ -318,11 +316,26 @@ def test_every_ranker_serves_v2_grpc_and_its_services_reach_it_unless_the_router
     assert {"name": "KVRANK_GRPC_PORT", "value": "8001"} in ranker["env"]
     shared, version = m.services(spec, "feed", "prod")
     assert grpc in shared["spec"]["ports"] and grpc in version["spec"]["ports"]
-    # the bundled router carries HTTP only: its Service has no gRPC port, a version's has
+    # the bundled router routes gRPC too: its Service's grpc port is the router's listener,
+    # which its pods expose and its NetworkPolicy admits, to each version's pods' gRPC port
     routed = parse_spec({"model": {"version": "v1", "uri": "/m"}, "routing": {"mode": "bundled"}})
     shared, version = m.services(routed, "feed", "prod")
-    assert [p["name"] for p in shared["spec"]["ports"]] == ["http"]
-    assert grpc in version["spec"]["ports"]
+    assert grpc in shared["spec"]["ports"] and grpc in version["spec"]["ports"]
+    objects = {o["kind"]: o for o in m.router_objects(routed, "feed", "prod")}
+    (envoy,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert {"name": "grpc", "containerPort": 8001} in envoy["ports"]
+    (rule,) = objects["NetworkPolicy"]["spec"]["ingress"]
+    assert {"port": "grpc"} in rule["ports"]
+    lds = yaml.safe_load(objects["ConfigMap"]["data"]["lds.yaml"])["resources"]
+    listener = next(x for x in lds if x["name"] == "scoring-grpc")
+    assert listener["address"]["socket_address"]["port_value"] == 8001
+    cds = yaml.safe_load(objects["ConfigMap"]["data"]["cds.yaml"])["resources"]
+    (upstream,) = [c for c in cds if c["name"] == "feed-v1-grpc"]
+    endpoint = upstream["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {
+        "address": "feed-v1-pods.prod.svc.cluster.local.",
+        "port_value": 8001,
+    }
 
 
 def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_nothing() -> None:
@@ -694,7 +707,7 @@ def test_the_proxies_close_idle_connections_to_a_ranker_before_the_ranker_does()
     cds = yaml.safe_load(envoy_files(router_config(spec, "feed", "prod"))["cds.yaml"])
     queue = envoy_bootstrap(8080, 8081, 16, 9901)["static_resources"]["clusters"]
     to_rankers = [c for c in [*cds["resources"], *queue] if c["name"] != "admin"]
-    assert len(to_rankers) == 3  # the router's version, the queue proxy's two
+    assert len(to_rankers) == 4  # the router's version (HTTP, gRPC), the queue proxy's two
     for cluster in to_rankers:
         (options,) = cluster["typed_extension_protocol_options"].values()
         idle = options["common_http_protocol_options"]["idle_timeout"]

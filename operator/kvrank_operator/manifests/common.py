@@ -26,8 +26,8 @@ PROBE_PORT = 8082
 """The ranker's probes, answered on a thread of their own (never behind scoring work)."""
 GRPC_PORT = 8001
 """The rankers' Open Inference Protocol gRPC port (Triton's and KServe's): the scoring
-Service's ``grpc`` port, straight to the ranker (a queue proxy and the bundled router
-carry HTTP only)."""
+Service's ``grpc`` port — through the bundled router when there is one (it routes gRPC by
+the same user key), else straight to the rankers (a queue proxy carries HTTP only)."""
 ADMIN_ACCESS_LABEL = "kvrank.io/ranker-admin"
 """A pod labelled ``kvrank.io/ranker-admin: "true"`` in a ranker's namespace may reach the
 rankers' admin port (invalidate a user, read the config in force); no other pod may."""

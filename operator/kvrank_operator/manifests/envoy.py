@@ -49,14 +49,15 @@ def listener(
     }  # fmt: skip
 
 
-def upstream_http_options() -> dict[str, Any]:
-    """HTTP/1.1 to the rankers, idle connections closed after :data:`UPSTREAM_IDLE_TIMEOUT_S`
-    (a cluster's ``typed_extension_protocol_options``)."""
+def upstream_http_options(http2: bool = False) -> dict[str, Any]:
+    """HTTP/1.1 (or ``http2``: HTTP/2, gRPC's) to the rankers, idle connections closed after
+    :data:`UPSTREAM_IDLE_TIMEOUT_S` (a cluster's ``typed_extension_protocol_options``)."""
+    protocol: dict[str, Any] = {"http2_protocol_options" if http2 else "http_protocol_options": {}}
     return {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "common_http_protocol_options": {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S}s"},
-            "explicit_http_config": {"http_protocol_options": {}},
+            "explicit_http_config": protocol,
         }
     }
 

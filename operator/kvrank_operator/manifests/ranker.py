@@ -336,7 +336,6 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
         selector["kvrank.io/version"] = spec.model.version
     if spec.routing.mode == "bundled":  # the router picks the version and the pod
         selector = {**ranker_selector(instance), "app.kubernetes.io/component": "router"}
-        ports = port  # it routes HTTP only: gRPC goes to a version's Service
     out = [
         {
             "apiVersion": "v1",

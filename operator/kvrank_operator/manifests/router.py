@@ -49,6 +49,7 @@ from typing import Any
 
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
+    GRPC_PORT,
     NO_API_TOKEN,
     deployment_name,
     labels,
@@ -71,6 +72,9 @@ ranker shed it (a header listed in ``retriable_headers``)."""
 SHED_HEADER = "x-kvrank-shed"
 """What a ranker's answer carries when it shed the request (admission control): retried once
 on another pod, within :data:`RETRY_BUDGET_PERCENT`."""
+GRPC_RETRY_ON = "connect-failure,reset,resource-exhausted"
+"""Retried on another pod over gRPC: as :data:`RETRY_ON`, a shed call being one answered
+``RESOURCE_EXHAUSTED`` (admission control refused it before any work)."""
 RETRY_BUDGET_PERCENT = 20.0
 """Retries in flight, as a share of the requests in flight: a spike that makes every pod
 shed turns into at most this much more load, never a retry storm."""
@@ -89,6 +93,8 @@ class Upstream:
     endpoints: tuple[tuple[str, int], ...]
     """``(host, port)``: in a cluster one DNS name with an address per ready pod (a
     headless Service); elsewhere each pod's own address."""
+    grpc_endpoints: tuple[tuple[str, int], ...] = ()
+    """The same pods' gRPC ports (none: the version is not routed over gRPC)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,8 @@ class RouterConfig:
     port: int = 8080
     timeout_s: float = 5.0
     dns_refresh_s: float = 2.0
+    grpc_port: int = GRPC_PORT
+    """The gRPC listener's port (when an upstream has gRPC endpoints)."""
 
 
 def router_name(instance: str) -> str:
@@ -121,13 +129,17 @@ def router_config(
     serving = c is not None and c.serving and c.version in ready
     canary_weight = c.weight if c is not None and serving else 0
     domain = spec.routing.cluster_domain
-    # the absolute name (a final dot): no search-domain queries before the real one
+
+    def pods(version: str) -> str:  # absolute (a final dot): no search-domain queries first
+        return f"{pods_service(instance, version)}.{namespace}.svc.{domain}."
+
     upstreams = [
         Upstream(
             deployment_name(instance, version),
             canary_weight if role == "canary" else 100 - canary_weight,
             role != "canary",
-            ((f"{pods_service(instance, version)}.{namespace}.svc.{domain}.", spec.port),),
+            ((pods(version), spec.port),),
+            ((pods(version), GRPC_PORT),),
         )
         for version, role in sorted(spec.versions(), key=lambda v: v[1] != "canary")
     ]
@@ -149,7 +161,7 @@ def router_objects(
     out += [_pods_service(spec, instance, namespace, v) for v, _ in spec.versions()]
     out.append(_router_deployment(spec, instance, namespace))
     # callers score through it from anywhere; Prometheus and the probes read its stats port
-    open_ports = [{"ports": [{"port": "http"}, {"port": "stats"}]}]
+    open_ports = [{"ports": [{"port": "http"}, {"port": "grpc"}, {"port": "stats"}]}]
     selector = {"matchLabels": router_selector(instance)}
     out.append(network_policy(name, namespace, labels(instance, "router"), selector, open_ports))
     out.append(
@@ -194,6 +206,7 @@ def _router_deployment(spec: RankerSpec, instance: str, namespace: str) -> dict[
         "args": ["-c", f"{CONFIG_DIR}/envoy.yaml", "--disable-hot-restart", "-l", "warn"],
         "ports": [
             {"name": "http", "containerPort": spec.port},
+            {"name": "grpc", "containerPort": GRPC_PORT},
             {"name": "stats", "containerPort": STATS_PORT},
         ],
         "readinessProbe": {**routable, "failureThreshold": 2},
@@ -239,11 +252,15 @@ def envoy_files(cfg: RouterConfig) -> dict[str, str]:
     """The files of the router's ConfigMap: ``envoy.yaml``, ``lds.yaml``, ``cds.yaml``."""
     import yaml
 
+    listeners = [_scoring(cfg, grpc=False), _stats(cfg)]
+    clusters = [_cluster(cfg, u, grpc=False) for u in cfg.upstreams]
+    if any(u.grpc_endpoints for u in cfg.upstreams):
+        listeners.insert(1, _scoring(cfg, grpc=True))
+        clusters += [_cluster(cfg, u, grpc=True) for u in cfg.upstreams]
     resources = {
-        "lds.yaml": [_typed("listener.v3.Listener", lst) for lst in (_scoring(cfg), _stats(cfg))],
+        "lds.yaml": [_typed("listener.v3.Listener", lst) for lst in listeners],
         "cds.yaml": [
-            _typed("cluster.v3.Cluster", c)
-            for c in [*(_cluster(cfg, u) for u in cfg.upstreams), envoy.admin_cluster(ADMIN_PORT)]
+            _typed("cluster.v3.Cluster", c) for c in [*clusters, envoy.admin_cluster(ADMIN_PORT)]
         ],
     }
     files = {name: yaml.safe_dump({"resources": docs}) for name, docs in resources.items()}
@@ -268,12 +285,14 @@ def bootstrap() -> dict[str, Any]:
     }
 
 
-def _scoring(cfg: RouterConfig) -> dict[str, Any]:
+def _scoring(cfg: RouterConfig, grpc: bool) -> dict[str, Any]:
+    """The scoring listener: HTTP on ``cfg.port``, or (``grpc``) gRPC on ``cfg.grpc_port``,
+    each to its own clusters of the same pods, by the same routing header (gRPC metadata)."""
     route: dict[str, Any] = {
         "hash_policy": [{"header": {"header_name": cfg.header}}],
         "timeout": _duration(cfg.timeout_s),
         "retry_policy": {
-            "retry_on": RETRY_ON,
+            "retry_on": GRPC_RETRY_ON if grpc else RETRY_ON,
             "retriable_headers": [{"name": SHED_HEADER, "present_match": True}],
             "num_retries": 1,
             "retry_host_predicate": [
@@ -291,20 +310,25 @@ def _scoring(cfg: RouterConfig) -> dict[str, Any]:
             "host_selection_retry_max_attempts": 10,
         },
     }
+    if grpc:  # the caller's gRPC deadline (grpc-timeout), within the router's own
+        route["max_stream_duration"] = {"grpc_timeout_header_max": _duration(cfg.timeout_s)}
     live = [u for u in cfg.upstreams if u.weight > 0]
+    names = [_cluster_name(u, grpc) for u in live]
     if len(live) == 1:
-        route["cluster"] = live[0].name
+        route["cluster"] = names[0]
     else:
         route["weighted_clusters"] = {
-            "clusters": [{"name": u.name, "weight": u.weight} for u in live],
+            "clusters": [{"name": n, "weight": u.weight} for n, u in zip(names, live, strict=True)],
             "use_hash_policy": True,  # the version from the user's hash, not at random
         }
+    name = "scoring-grpc" if grpc else "scoring"
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network."
         "http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "scoring",
+        "stat_prefix": name,
+        **({"codec_type": "HTTP2"} if grpc else {}),
         "route_config": {
-            "name": "scoring",
+            "name": name,
             "virtual_hosts": [
                 {
                     "name": "rankers",
@@ -318,7 +342,7 @@ def _scoring(cfg: RouterConfig) -> dict[str, Any]:
         },
         "http_filters": [envoy.router_filter()],
     }
-    return envoy.listener("scoring", cfg.port, manager)
+    return envoy.listener(name, cfg.grpc_port if grpc else cfg.port, manager)
 
 
 def _stats(cfg: RouterConfig) -> dict[str, Any]:
@@ -337,9 +361,17 @@ def _stats(cfg: RouterConfig) -> dict[str, Any]:
     return envoy.stats_listener(STATS_PORT, [routable])
 
 
-def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
+def _cluster_name(u: Upstream, grpc: bool) -> str:
+    return f"{u.name}-grpc" if grpc else u.name
+
+
+def _cluster(cfg: RouterConfig, u: Upstream, grpc: bool) -> dict[str, Any]:
+    """A version's pods: HTTP/1.1 to their scoring port, or (``grpc``) HTTP/2 to their gRPC
+    port — two Maglev tables over the same pods, so a user's gRPC calls stick to one pod as
+    its HTTP calls do (not necessarily the same one: a table hashes address and port)."""
+    name, endpoints = _cluster_name(u, grpc), u.grpc_endpoints if grpc else u.endpoints
     cluster: dict[str, Any] = {
-        "name": u.name,
+        "name": name,
         "cluster_type": {  # strict DNS: every address of the name is a host (a ready pod)
             "name": "envoy.cluster.dns",
             "typed_config": {
@@ -349,7 +381,7 @@ def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
             },
         },
         "connect_timeout": "0.5s",
-        "typed_extension_protocol_options": envoy.upstream_http_options(),
+        "typed_extension_protocol_options": envoy.upstream_http_options(http2=grpc),
         "lb_policy": "MAGLEV",  # its default table: 65,537 entries
         # a pod is ejected for failing to answer (connect failures, resets, timeouts), never
         # for an answer: one that sheds under a spike keeps its users, who would otherwise
@@ -375,11 +407,11 @@ def _cluster(cfg: RouterConfig, u: Upstream) -> dict[str, Any]:
             ]
         },
         "load_assignment": {
-            "cluster_name": u.name,
+            "cluster_name": name,
             "endpoints": [
                 {
                     "lb_endpoints": [
-                        {"endpoint": {"address": envoy.socket(h, p)}} for h, p in u.endpoints
+                        {"endpoint": {"address": envoy.socket(h, p)}} for h, p in endpoints
                     ]
                 }
             ],
