@@ -137,23 +137,13 @@ def grpc_infer(address: str, model: str, v2: dict[str, Any]) -> list[float]:
     """The scores of ``v2`` (a JSON inference request) sent as a gRPC ``ModelInfer`` with
     typed contents, as any v2 client can."""
     import grpc
-    from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-    inputs = []
-    for t in v2["inputs"]:
-        kind = t["datatype"]
-        data = [s.encode() for s in t["data"]] if kind == "BYTES" else t["data"]
-        field = {"INT64": "int64_contents", "FP32": "fp32_contents", "BYTES": "bytes_contents"}
-        contents = pb.InferTensorContents(**{field[kind]: data})
-        inputs.append(
-            pb.ModelInferRequest.InferInputTensor(
-                name=t["name"], datatype=kind, shape=t["shape"], contents=contents
-            )
-        )
+    from kvrank.server.oip_grpc import request_message
+
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        reply = stub.ModelInfer(pb.ModelInferRequest(model_name=model, inputs=inputs), timeout=30)
+        reply = stub.ModelInfer(request_message(v2, model), timeout=30)
     return [float(x) for x in np.frombuffer(reply.raw_output_contents[0], "<f4")]
 
 

@@ -261,7 +261,11 @@ def example_request(
     candidates: Annotated[int, typer.Option(min=1, max=10_000, help="Candidates.")] = 50,
     seed: Annotated[int, typer.Option(help="Seed of the random ids and values.")] = 0,
     protocol: Annotated[
-        str, typer.Option(help="json: a /v1/score body; v2: a /v2/models/{name}/infer body.")
+        str,
+        typer.Option(
+            help="json: a /v1/score body; v2 (or v2-http): a /v2/models/{name}/infer body;"
+            " v2-grpc: a ModelInferRequest as protobuf JSON (grpcurl -d, json_format.Parse)."
+        ),
     ] = "json",
     seq_hash: Annotated[
         str | None,
@@ -271,7 +275,8 @@ def example_request(
     """Print a valid /v1/score body for this model: its own fields, ids inside its
     vocabularies, random values (the same for a seed). E.g. `kvrank example-request
     artifacts/quick > request.json`; without candidates it is a /v1/prefetch body. With
-    --protocol v2, the same request as Open Inference Protocol JSON tensors."""
+    --protocol v2, the same request as Open Inference Protocol JSON tensors; with v2-grpc, as
+    the gRPC ModelInferRequest (typed contents) in protobuf's JSON form."""
     import json
 
     import torch
@@ -291,15 +296,22 @@ def example_request(
     body = body_for(spec, user, user_input, example_candidates(spec, candidates, g))
     # dense values to 4 decimals: a body a person can read and edit
     short = json.loads(json.dumps(body), parse_float=lambda text: round(float(text), 4))
-    if protocol == "v2":
-        from kvrank.server.oip import json_request
+    if protocol in ("v2", "v2-http", "v2-grpc"):
+        from google.protobuf.json_format import MessageToJson  # type: ignore[import-untyped]
 
-        typer.echo(json.dumps(json_request(spec, short, seq_hash)))
+        from kvrank.server.oip import json_request
+        from kvrank.server.oip_grpc import request_message
+
+        request = json_request(spec, short, seq_hash)
+        if protocol == "v2-grpc":
+            typer.echo(MessageToJson(request_message(request), indent=None))
+        else:
+            typer.echo(json.dumps(request))
     elif protocol == "json":
         by_ref = {"user_id": user, "candidates": short["candidates"], "seq_hash": seq_hash}
         typer.echo(json.dumps(short if seq_hash is None else by_ref))
     else:
-        raise typer.BadParameter("json or v2", param_hint="--protocol")
+        raise typer.BadParameter("json, v2, v2-http or v2-grpc", param_hint="--protocol")
 
 
 @app.command("model-digest")

@@ -238,6 +238,23 @@ def _answer(request: Any, svc: RankingService, result: ScoreResult) -> Any:
     )
 
 
+def request_message(request: dict[str, Any], model_name: str = "ranker") -> Any:
+    """A v2 JSON inference request (``{"inputs": [...]}``, values as ``data``) as the gRPC
+    ``ModelInferRequest`` with typed contents, as any v2 client can send it."""
+    message = pb.ModelInferRequest(model_name=model_name)
+    for tensor in request["inputs"]:
+        kind, data = tensor["datatype"], tensor["data"]
+        field = _CONTENTS.get(kind, "bytes_contents")
+        values = [v.encode() for v in data] if kind == "BYTES" else data
+        message.inputs.add(
+            name=tensor["name"],
+            datatype=kind,
+            shape=tensor["shape"],
+            contents=pb.InferTensorContents(**{field: values}),
+        )
+    return message
+
+
 def _tensor_metadata(tensor: dict[str, Any]) -> Any:
     return pb.ModelMetadataResponse.TensorMetadata(
         name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]

@@ -4,6 +4,7 @@ by reference, and every refusal a status code whose message names the input."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -152,3 +153,27 @@ def test_a_replay_by_the_v2_protocols_reads_each_answer_as_the_json_replay_does(
     assert [(r.status, r.outcome) for r in results] == [(200, "miss"), (200, "l1"), (400, "error")]
     assert server.metric("kvrank_requests_total", protocol=protocol) == 2
     assert server.metric("kvrank_requests_total", protocol="json") == 0
+
+
+def test_example_requests_grpc_form_is_scored_as_its_json_form(
+    grpc_server, artifact, kvrank_cli
+) -> None:
+    """``kvrank example-request --protocol v2-grpc`` prints a ``ModelInferRequest`` in
+    protobuf's JSON form (what ``grpcurl -d`` sends): parsed and sent, the same scores as the
+    JSON form's, and by reference with ``--seq-hash``."""
+    from google.protobuf import json_format
+
+    server, address = grpc_server
+    args = ("example-request", str(artifact), "--user", "ann", "--candidates", "5")
+    expected = httpx.post(f"{server.url}{SCORE}", json=json.loads(kvrank_cli(*args).stdout)).json()
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for extra in ((), ("--seq-hash", expected["seq_hash"])):
+            printed = kvrank_cli(*args, "--protocol", "v2-grpc", *extra).stdout
+            request = json_format.Parse(printed, pb.ModelInferRequest())
+            reply = stub.ModelInfer(request, timeout=30)
+            scores = np.frombuffer(reply.raw_output_contents[0], "<f4").astype(float).tolist()
+            assert scores == expected["scores"], extra
+    finally:
+        channel.close()
