@@ -94,11 +94,9 @@ class HistoryRequired(KvrankError):
     deployment (maps to 412 ``history_required``, answered before any model work: the caller
     resends the request with its events)."""
 
-    def __init__(self, field: str, seq_hash: str) -> None:
-        super().__init__(
-            f"history_required: no cached entry of this user under {field} {seq_hash!r};"
-            " send the request again with its events"
-        )
+    def __init__(self, field: str, seq_hash: str, why: str | None = None) -> None:
+        why = why or f"no cached entry of this user under {field} {seq_hash!r}"
+        super().__init__(f"history_required: {why}; send the request again with its events")
         self.field = field
         self.seq_hash = seq_hash
 

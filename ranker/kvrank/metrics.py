@@ -48,7 +48,7 @@ SCORE_CODES = ("200", "400", "412", "422", "500", "503", "504")
 response hides that response from Prometheus' ``increase()`` (a canary's first 5xx
 included)."""
 ENCODE_KINDS = ("full", "incremental")
-BY_REFERENCE_RESULTS = ("served", "history_required")
+BY_REFERENCE_RESULTS = ("served", "extended", "history_required")
 PREFETCH_ROUTE = "/v1/prefetch"
 PREFETCH_RESULTS = (*OUTCOMES, "dropped", "shed", "failed")
 """What became of a prefetch: the cache outcome of its lookup (``miss``: it made the entry),
@@ -146,7 +146,8 @@ class Metrics:
         by_reference = Counter(
             "kvrank_history_by_reference",
             "Scoring requests that sent their history by reference (a sequence hash), by"
-            " result: served from the entry under it, or history_required (412, no model work)",
+            " result: served from the entry under it, extended (events_since: that entry"
+            " extended with the events after it), or history_required (412, no model work)",
             [*names, "result"],
             registry=r,
         )

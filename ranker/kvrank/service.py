@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -20,19 +21,29 @@ from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
 from kvrank.cache import (
+    ChainState,
     Created,
     Lookup,
     Outcome,
     Prefix,
     Reason,
+    SequenceChain,
     TieredCache,
     TTLSettings,
+    extend_chain,
     sequence_chain,
+    user_columns,
 )
 from kvrank.errors import Abandoned, HistoryRequired, NonFiniteScores
 from kvrank.metrics import Metrics
 from kvrank.model.config import KVDType
-from kvrank.model.contract import CacheableRanker, CandidateInput, Extendable, UserInput
+from kvrank.model.contract import (
+    CacheableRanker,
+    CandidateInput,
+    Extendable,
+    FeatureSpec,
+    UserInput,
+)
 from kvrank.model.features import (
     check_candidates,
     check_user,
@@ -170,9 +181,7 @@ class RankingService:
         start = time.perf_counter()
         check_user(self.features, user)
         check_candidates(self.features, cands)
-        interval = self.cache.ttl.observe(user_id)
-        if interval is not None:
-            self.metrics.intervals.observe(interval)
+        self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()) as ticket:
             if self.settings.cache_mode == "full":
                 logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
@@ -216,9 +225,7 @@ class RankingService:
         from) when none holds it: nothing is computed, the caller resends its events."""
         start = time.perf_counter()
         check_candidates(self.features, cands)
-        interval = self.cache.ttl.observe(user_id)
-        if interval is not None:
-            self.metrics.intervals.observe(interval)
+        self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()):
             found = None
             if self.settings.cache_mode != "full":
@@ -234,6 +241,84 @@ class RankingService:
             self.metrics.by_reference["served"].inc()
             timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
             return self._result(logits, found.outcome, timings, protocol, seq_hash)
+
+    async def score_since(
+        self,
+        user_id: str,
+        since: str,
+        events: Mapping[str, Tensor],
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+        protocol: str = "json",
+        field: str = "events_since.seq_hash",
+    ) -> ScoreResult:
+        """Scores of ``cands`` for the history under ``since`` followed by ``events`` (the
+        events after it, nothing before): the entry under ``(user_id, since)`` extended where
+        the model extends it exactly (the settings' ``incremental`` policy), its name the whole
+        history's sequence hash. :class:`~kvrank.errors.HistoryRequired` when no tier holds
+        that entry or it cannot be extended so (naming ``field``, where the hash came from):
+        nothing is computed, the caller sends its whole history."""
+        start = time.perf_counter()
+        check_candidates(self.features, cands)
+        self._observe_interval(user_id)
+        with self.admission.admit(deadline or self.deadline()):
+            found = None
+            if self.settings.cache_mode != "full":
+                found = await self.cache.find(self.cache.key(user_id, since))
+            extension = self._extension(found, since, events)
+            if found is None or extension is None:
+                self.metrics.by_reference["history_required"].inc()
+                why = None if found is None else f"the entry under {since!r} does not extend"
+                raise HistoryRequired(field, since, why)
+            user, chain = extension
+            base = found.kv
+            lookup = await self.cache.get_or_create(
+                self.cache.key(user_id, chain.seq_hash),
+                chain.state().events,
+                lambda _: self._extend(base, user, chain),
+            )
+            t = time.perf_counter()
+            logits = await self._finite_scores(user_id, chain.seq_hash, lookup, cands)
+            if logits is None:  # the state is gone: the caller sends its events
+                self.metrics.by_reference["history_required"].inc()
+                raise HistoryRequired(field, since)
+            self.metrics.by_reference["extended"].inc()
+            timings = {**lookup.timings_ms, "score": _ms(t), "total": _ms(start)}
+            n = chain.state().events
+            return self._result(logits, lookup.outcome, timings, protocol, chain.seq_hash, n)
+
+    def _extension(
+        self, found: Lookup | None, since: str, events: Mapping[str, Tensor]
+    ) -> tuple[UserInput, SequenceChain] | None:
+        """The events after ``found``'s state as the model's input (the user's columns those
+        of the state) and the chain extended with them; ``None`` when that state cannot be
+        extended: it keeps no chain state, or one that is not ``since``'s, or the model (or
+        the settings) would not extend it exactly. ``InputError`` for bad events."""
+        model = self._extender
+        if found is None or model is None:
+            return None
+        state = _chain_state(found.kv, since, self.features)
+        if state is None:
+            return None
+        columns = {k: torch.from_numpy(v) for k, v in user_columns(state, self.features).items()}
+        user = UserInput(events, columns)
+        check_user(self.features, user)
+        if not self._may_extend(model, found.kv, len(user)):
+            return None
+        return user, extend_chain(state, user, self.features)
+
+    async def _extend(self, kv: UserKV, events: UserInput, chain: SequenceChain) -> Created:
+        t = time.perf_counter()
+        assert self._extender is not None  # checked by _extension
+        extended = await self.runner.run(self._extender.extend_user, kv, events, stage="extend")
+        self.metrics.encodes["incremental"].inc()
+        named = replace(extended, chain_state=chain.state().to_bytes())
+        return Created(named, Outcome.INCREMENTAL, "extend", _ms(t))
+
+    def _observe_interval(self, user_id: str) -> None:
+        interval = self.cache.ttl.observe(user_id)
+        if interval is not None:
+            self.metrics.intervals.observe(interval)
 
     async def _finite_scores(
         self, user_id: str, seq_hash: str, found: Lookup, cands: CandidateInput
@@ -284,13 +369,21 @@ class RankingService:
         found = await self.cache.get_or_create(
             key,
             len(user),
-            lambda prefix: self._create(user, prefix),
+            lambda prefix: self._create(user, prefix, chain),
             chain if self._extender is not None else None,
         )
         return found, timings | found.timings_ms, key.seq_hash
 
-    async def _create(self, user: UserInput, prefix: Prefix | None) -> Created:
-        """Extend the cached prefix the cache found (when it may be), else encode it all."""
+    async def _create(
+        self, user: UserInput, prefix: Prefix | None, chain: SequenceChain
+    ) -> Created:
+        """Extend the cached prefix the cache found (when it may be), else encode it all;
+        the state keeps where ``chain`` (the user's) stands, for later extensions by hash."""
+        made = await self._made(user, prefix)
+        named = replace(made.kv, chain_state=chain.state().to_bytes())
+        return Created(named, made.outcome, made.stage, made.ms)
+
+    async def _made(self, user: UserInput, prefix: Prefix | None) -> Created:
         t = time.perf_counter()
         model = self._extender
         if (
@@ -326,6 +419,16 @@ class RankingService:
     ) -> ScoreResult:
         self.metrics.observe_request(outcome.value, timings, protocol)
         return ScoreResult(logits.sigmoid(), logits, outcome, timings, seq_hash, events)
+
+
+def _chain_state(kv: UserKV, since: str, spec: FeatureSpec) -> ChainState | None:
+    """The chain state ``kv`` keeps, when it is the one of hash ``since`` and fits ``spec``."""
+    try:
+        state = ChainState.from_bytes(kv.chain_state)
+        user_columns(state, spec)
+    except ValueError:
+        return None
+    return state if state.seq_hash() == since else None
 
 
 def _ms(start: float) -> float:

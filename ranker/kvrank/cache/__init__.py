@@ -16,10 +16,13 @@ from kvrank.cache.host import HostStore
 from kvrank.cache.keys import (
     SEQ_HASH_PATTERN,
     CacheKey,
+    ChainState,
     Head,
     SequenceChain,
     acl_rules,
+    extend_chain,
     sequence_chain,
+    user_columns,
 )
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.lock import KeyLock, Lock, LockState
@@ -47,6 +50,7 @@ __all__ = [
     "CacheCollector",
     "CacheKey",
     "CacheSettings",
+    "ChainState",
     "Created",
     "Creator",
     "EntryCodec",
@@ -71,7 +75,9 @@ __all__ = [
     "TieredCache",
     "acl_rules",
     "clamp_ttl",
+    "extend_chain",
     "l1_and_redis",
     "purge_namespace",
     "sequence_chain",
+    "user_columns",
 ]

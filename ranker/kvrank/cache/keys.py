@@ -143,6 +143,40 @@ _STEP, _VALUE = b"kvrank-block", b"kvrank-seq"
 """blake2b personalisations: a block step and a value are never the same digest."""
 
 
+@dataclass(frozen=True)
+class ChainState:
+    """Where a chain stands after :attr:`events` events: all it needs to extend its value with
+    the events after them, the old events left out — the block value there, the events past
+    that block, and the user columns' bytes the chain started from (what an extension hands
+    the model as the user's columns)."""
+
+    events: int
+    block: bytes
+    tail: bytes
+    user: bytes
+
+    def seq_hash(self) -> str:
+        """The chain's value at :attr:`events`: a state is only used when this equals the
+        hash it was found under."""
+        return _value(self.block, self.events, self.tail)
+
+    def to_bytes(self) -> bytes:
+        header = self.events.to_bytes(8, "little") + len(self.user).to_bytes(4, "little")
+        return header + self.user + self.block + self.tail
+
+    @staticmethod
+    def from_bytes(data: bytes) -> ChainState:
+        """``ValueError`` for anything :meth:`to_bytes` did not write."""
+        if len(data) < 12 + HASH_BYTES:
+            raise ValueError("a chain state is at least 28 bytes")
+        events = int.from_bytes(data[:8], "little")
+        size = int.from_bytes(data[8:12], "little")
+        if len(data) < 12 + size + HASH_BYTES:
+            raise ValueError("a chain state shorter than its user columns")
+        user, rest = data[12 : 12 + size], data[12 + size :]
+        return ChainState(events, rest[:HASH_BYTES], rest[HASH_BYTES:], user)
+
+
 class SequenceChain(Sequence[str]):
     """The hashes of one user's side after 0, 1, …, n events (``n + 1`` hex strings); the
     last, :attr:`seq_hash`, names the request's whole history.
@@ -155,25 +189,36 @@ class SequenceChain(Sequence[str]):
     int64, the length of its dense columns, those as float32, in the spec's order. Every
     column the spec declares is hashed, so nothing a model reads can change without changing
     the key. Values other than the last are computed when asked for (a prefix lookup asks
-    for one).
+    for one). A chain extended from a :class:`ChainState` (:func:`extend_chain`) knows the
+    values from that state's block on only; earlier ones raise ``IndexError``.
     """
 
-    def __init__(self, base: bytes, rows: np.ndarray) -> None:
-        self._events, self._width = int(rows.shape[0]), int(rows.shape[1])
+    def __init__(self, base: bytes, rows: np.ndarray, user: bytes = b"", first: int = 0) -> None:
+        self._first, self._user = first, user
+        self._events, self._width = first + int(rows.shape[0]), int(rows.shape[1])
         self._data = rows.tobytes()
         step = BLOCK * self._width
         blocks = [base]
-        for start in range(0, (self._events // BLOCK) * step, step):
+        for start in range(0, ((self._events - first) // BLOCK) * step, step):
             block = blocks[-1] + self._data[start : start + step]
             blocks.append(hashlib.blake2b(block, digest_size=HASH_BYTES, person=_STEP).digest())
         self._blocks = blocks
         self.seq_hash = self._value(self._events)
 
-    def _value(self, i: int) -> str:
+    def _block_and_tail(self, i: int) -> tuple[bytes, bytes]:
+        """The block value before event ``i`` and the bytes of the events past it."""
         whole = i // BLOCK
-        tail = self._data[whole * BLOCK * self._width : i * self._width]
-        state = self._blocks[whole] + i.to_bytes(8, "little") + tail
-        return hashlib.blake2b(state, digest_size=HASH_BYTES, person=_VALUE).hexdigest()
+        start, stop = (whole * BLOCK - self._first) * self._width, (i - self._first) * self._width
+        return self._blocks[whole - self._first // BLOCK], self._data[start:stop]
+
+    def _value(self, i: int) -> str:
+        block, tail = self._block_and_tail(i)
+        return _value(block, i, tail)
+
+    def state(self) -> ChainState:
+        """Where the chain stands after its last event (what :func:`extend_chain` takes)."""
+        block, tail = self._block_and_tail(self._events)
+        return ChainState(self._events, block, tail, self._user)
 
     def __len__(self) -> int:
         return self._events + 1
@@ -188,16 +233,50 @@ class SequenceChain(Sequence[str]):
         if not -len(self) <= i < len(self):
             raise IndexError(f"the chain has {len(self)} values")
         i %= len(self)
+        if i < self._first:
+            raise IndexError(f"extended from event {self._first}: value {i} is not known here")
         return self.seq_hash if i == self._events else self._value(i)
+
+
+def _value(block: bytes, i: int, tail: bytes) -> str:
+    state = block + i.to_bytes(8, "little") + tail
+    return hashlib.blake2b(state, digest_size=HASH_BYTES, person=_VALUE).hexdigest()
 
 
 def sequence_chain(user: UserInput, fingerprint: str, spec: FeatureSpec) -> SequenceChain:
     """The hash chain of ``user``'s side for a model with ``fingerprint`` and ``spec``."""
-    base = _digest(
-        fingerprint.encode(),
-        *(_bytes(user.user[c.name], c.kind) for c in spec.user),
-    )
-    return SequenceChain(base, _event_rows(user, spec))
+    columns = [_bytes(user.user[c.name], c.kind) for c in spec.user]
+    base = _digest(fingerprint.encode(), *columns)
+    return SequenceChain(base, _event_rows(user, spec), b"".join(columns))
+
+
+def extend_chain(state: ChainState, events: UserInput, spec: FeatureSpec) -> SequenceChain:
+    """The chain of the history ``state`` stands after, extended with ``events`` (the events
+    after it; their user columns are not read): its values equal :func:`sequence_chain`'s of
+    the whole history. ``ValueError`` when ``state`` does not fit ``spec``'s events."""
+    rows = _event_rows(events, spec)
+    width = rows.shape[1]
+    past = state.events % BLOCK
+    if len(state.block) != HASH_BYTES or len(state.tail) != past * width:
+        raise ValueError(f"a chain state after {state.events} events must hold {past} of them")
+    tail = np.frombuffer(state.tail, np.uint8).reshape(past, width)
+    return SequenceChain(state.block, np.concatenate([tail, rows]), state.user, state.events - past)
+
+
+def user_columns(state: ChainState, spec: FeatureSpec) -> dict[str, np.ndarray]:
+    """The user columns the chain of ``state`` started from (``ValueError``: they do not
+    fit ``spec``)."""
+    out, at = {}, 0
+    for c in spec.user:
+        dtype = np.dtype("<i8" if c.kind == "id" else "<f4")
+        size = c.width * dtype.itemsize
+        if at + size > len(state.user):
+            raise ValueError(f"the chain state's user columns end before column {c.name}")
+        out[c.name] = np.frombuffer(state.user, dtype, c.width, at).astype(dtype.newbyteorder("="))
+        at += size
+    if at != len(state.user):
+        raise ValueError("the chain state's user columns are longer than the model's")
+    return out
 
 
 def _event_rows(user: UserInput, spec: FeatureSpec) -> np.ndarray:

@@ -32,11 +32,17 @@ def user_from_lists(
     spec: FeatureSpec, events: Mapping[str, Values], user: Mapping[str, Values]
 ) -> UserInput:
     """A request's user side as tensors (lengths checked; ranges by :func:`check_user`)."""
+    fixed = {c.name: _row(c, user.get(c.name, [])) for c in spec.user}
+    return UserInput(events_from_lists(spec, events), fixed)
+
+
+def events_from_lists(
+    spec: FeatureSpec, events: Mapping[str, Values], group: str = "events"
+) -> dict[str, Tensor]:
+    """A request's events as tensors (lengths checked, errors naming ``group.<column>``)."""
     first = spec.sequence[0].name
     n = len(events[first])
-    seq = {c.name: _column(c, events.get(c.name, []), n, "events", first) for c in spec.sequence}
-    fixed = {c.name: _row(c, user.get(c.name, [])) for c in spec.user}
-    return UserInput(seq, fixed)
+    return {c.name: _column(c, events.get(c.name, []), n, group, first) for c in spec.sequence}
 
 
 def candidates_from_lists(spec: FeatureSpec, columns: Mapping[str, Values]) -> CandidateInput:

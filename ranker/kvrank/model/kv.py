@@ -118,6 +118,10 @@ class UserKV:
     extras: dict[str, Tensor] = field(default_factory=dict)
     """Named tensors the model keeps with the state (never quantised)."""
     meta: dict[str, str] = field(default_factory=dict)
+    chain_state: bytes = b""
+    """Where the hash chain naming this state's history stands after its events (kvrank's
+    :class:`~kvrank.cache.ChainState`, as bytes): what extends that name with later events
+    without the old ones. Empty: unknown (a state extended that way is refused)."""
 
     @staticmethod
     def build(
@@ -192,6 +196,7 @@ class UserKV:
             "layers": sorted(self.layers),
             "extras": sorted(self.extras),
             "meta": self.meta,
+            "chain_state": self.chain_state.hex(),
         }
         return st_save(tensors, metadata={"kvrank": json.dumps(header)})
 
@@ -233,11 +238,22 @@ class UserKV:
                 layers=layers,
                 extras=extras,
                 meta={str(k): str(v) for k, v in header.get("meta", {}).items()},
+                chain_state=_chain_state(header.get("chain_state", "")),
             )
         except CorruptEntryError:
             raise
         except Exception as exc:  # bytes from a cache: whatever they break is a corrupt entry
             raise CorruptEntryError(f"inconsistent K/V payload: {exc!r}") from exc
+
+
+MAX_CHAIN_STATE_BYTES = 1 << 20
+"""A chain state holds fewer than 64 events and the user's columns: far below this."""
+
+
+def _chain_state(text: object) -> bytes:
+    if not isinstance(text, str) or len(text) > 2 * MAX_CHAIN_STATE_BYTES:
+        raise CorruptEntryError("chain_state is not a bounded hex string")
+    return bytes.fromhex(text)
 
 
 def _view_safetensors(buf: memoryview) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -6,7 +6,9 @@ Each column of the model's :class:`FeatureSpec` is one input tensor named as the
 names the field: ``events.<column>`` (INT64 ``[n]`` or FP32 ``[n, width]``), each user
 column by its name (INT64 or FP32 ``[width]``) and ``candidates.<column>`` (``[C]`` or
 ``[C, width]``); ``user_id`` is BYTES ``[1]``, and the optional ``seq_hash`` (BYTES ``[1]``)
-sends the history by reference in place of the sequence and user tensors. The one output is
+sends the history by reference in place of the sequence and user tensors, the optional
+``events_since`` (BYTES ``[1]``) a hash whose history the ``events.*`` tensors continue (the
+user tensors left out). The one output is
 ``scores`` (FP32 ``[C]``, input order). A tensor's values come as JSON ``data`` or, with
 ``parameters.binary_data_size``, from the bytes after the JSON header
 (``Inference-Header-Content-Length``), little-endian, in input order. Every problem is an
@@ -35,6 +37,8 @@ IF_MATCH = "If-Match"
 OUTPUT = "scores"
 USER_ID = "user_id"
 SEQ_HASH = "seq_hash"
+EVENTS_SINCE = "events_since"
+"""The optional input naming the hash whose history the ``events.*`` inputs continue."""
 _DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "FP32": np.dtype("<f4")}
 _USER_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _SEQ_HASH = re.compile(SEQ_HASH_PATTERN)
@@ -58,7 +62,8 @@ def _shape(col: Column, group: str) -> list[int]:
 def input_metadata(spec: FeatureSpec) -> list[dict[str, Any]]:
     """The model metadata's ``inputs`` (``-1``: as many as the request has)."""
     tensors: list[dict[str, Any]] = [{"name": USER_ID, "datatype": "BYTES", "shape": [1]}]
-    tensors.append({"name": SEQ_HASH, "datatype": "BYTES", "shape": [1], "optional": True})
+    for optional in (SEQ_HASH, EVENTS_SINCE):
+        tensors.append({"name": optional, "datatype": "BYTES", "shape": [1], "optional": True})
     for name, col, group in _columns(spec):
         dtype = "INT64" if col.kind == "id" else "FP32"
         tensors.append({"name": name, "datatype": dtype, "shape": _shape(col, group)})
@@ -191,6 +196,9 @@ class ModelInputs:
     """Where ``seq_hash`` came from: the ``seq_hash`` input or the ``If-Match`` header."""
     user: UserInput | None
     candidates: CandidateInput
+    since: str | None = None
+    """The history as the events after this hash (``events``; ``None``: not so)."""
+    events: dict[str, torch.Tensor] | None = None
 
 
 def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> ModelInputs:
@@ -204,11 +212,17 @@ def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> 
         if if_match is not None and if_match != sent:
             raise HeaderError(IF_MATCH, "names another seq_hash than the seq_hash input")
         seq_hash, seq_hash_from = sent, SEQ_HASH
+    since = None
+    if EVENTS_SINCE in values:
+        since = _one_string(values.pop(EVENTS_SINCE), EVENTS_SINCE, _SEQ_HASH)
+        if seq_hash is not None:
+            raise InputError(seq_hash_from, f"must be left out when {EVENTS_SINCE} is sent")
     groups: dict[str, dict[str, torch.Tensor]] = {"events": {}, "user": {}, "candidates": {}}
     for name, col, group in _columns(spec):
-        if seq_hash is not None and group != "candidates":
+        named_by = seq_hash_from if seq_hash is not None else EVENTS_SINCE
+        if (seq_hash is not None and group != "candidates") or (since and group == "user"):
             if name in values:
-                raise InputError(name, f"must be left out when {seq_hash_from} names the history")
+                raise InputError(name, f"must be left out when {named_by} names the history")
             continue
         array = values.pop(name, None)
         if array is None:
@@ -219,8 +233,10 @@ def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> 
     if values:
         raise InputError(next(iter(values)), "not an input of this model")
     _within_limits(spec, groups)
-    user = None if seq_hash else UserInput(groups["events"], groups["user"])
     cands = CandidateInput(groups["candidates"])
+    if since is not None:
+        return ModelInputs(user_id, None, seq_hash_from, None, cands, since, groups["events"])
+    user = None if seq_hash else UserInput(groups["events"], groups["user"])
     return ModelInputs(user_id, seq_hash, seq_hash_from, user, cands)
 
 

@@ -25,7 +25,7 @@ from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
-from kvrank.server.oip import ModelInputs
+from kvrank.server.oip import EVENTS_SINCE, ModelInputs
 from kvrank.server.schemas import (
     IF_MATCH,
     USER_ID_MAX,
@@ -38,7 +38,7 @@ from kvrank.server.schemas import (
     etag,
     if_match,
     to_candidates,
-    to_inputs,
+    to_events_since,
     to_user,
 )
 from kvrank.server.shadow import SHADOW_HEADER
@@ -96,6 +96,10 @@ async def score_inputs(
 ) -> ScoreResult:
     """Score an inference request's inputs: by reference when they name a sequence hash."""
     user_id, cands = inputs.user_id, inputs.candidates
+    if inputs.since is not None and inputs.events is not None:
+        return await svc.score_since(
+            user_id, inputs.since, inputs.events, cands, deadline, protocol, EVENTS_SINCE
+        )
     if inputs.seq_hash is not None:
         return await svc.score_by_reference(
             user_id, inputs.seq_hash, cands, deadline, inputs.seq_hash_from, protocol
@@ -165,19 +169,15 @@ async def score(request: Request, state: State) -> Response:
     user_id, access = _user_of(request, state, body)
     header = if_match(request.headers.get(IF_MATCH))
     seq_hash = by_reference(body, svc.features, header)
+    whole = seq_hash is None and body.events_since is None
     async with _caller_watched(request, deadline):
-        if seq_hash is None:
-            user, cands = to_inputs(body, svc.features)
-            result = await svc.score(user_id, user, cands, deadline)
-        else:
-            field = IF_MATCH if header is not None else "seq_hash"
-            cands = to_candidates(body, svc.features)
-            result = await svc.score_by_reference(user_id, seq_hash, cands, deadline, field)
+        result = await _scored(svc, body, user_id, (seq_hash, header), deadline)
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()
-    if state.shadow is not None and seq_hash is None and SHADOW_HEADER not in request.headers:
+    if state.shadow is not None and whole and SHADOW_HEADER not in request.headers:
         # queued, sent by the mirror's own task: the body as received, nothing serialized again
-        # (a request by reference is not mirrored: the hash names an entry of this version's)
+        # (a request by reference, or by events since a hash, is not mirrored: the hash
+        # names an entry of this version's)
         state.shadow.offer(raw, scores)
     answer = ScoreResponse(
         request_id=request.state.request_id,
@@ -191,6 +191,27 @@ async def score(request: Request, state: State) -> Response:
     # serialized here, in pydantic's core: FastAPI would validate the model again
     tag = {"ETag": etag(result.seq_hash)} if result.seq_hash else None
     return Response(answer.model_dump_json(), media_type="application/json", headers=tag)
+
+
+async def _scored(
+    svc: RankingService,
+    body: Any,
+    user_id: str,
+    reference: tuple[str | None, str | None],
+    deadline: Deadline,
+) -> ScoreResult:
+    """A scoring body's scores, by the form its history came in: whole, by reference
+    (``reference``: the hash, and the ``If-Match`` header's if it came so) or as the events
+    since a hash."""
+    seq_hash, header = reference
+    cands = to_candidates(body, svc.features)
+    if body.events_since is not None:
+        since, events = to_events_since(body, svc.features)
+        return await svc.score_since(user_id, since, events, cands, deadline)
+    if seq_hash is None:
+        return await svc.score(user_id, to_user(body, svc.features), cands, deadline)
+    field = IF_MATCH if header is not None else "seq_hash"
+    return await svc.score_by_reference(user_id, seq_hash, cands, deadline, field)
 
 
 @router.post(PREFETCH_ROUTE, status_code=202, response_model=PrefetchResponse)

@@ -22,11 +22,12 @@ from typing import Annotated, Any
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from torch import Tensor
 
 from kvrank.cache import SEQ_HASH_PATTERN
 from kvrank.errors import HeaderError, InputError
 from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
-from kvrank.model.features import candidates_from_lists, user_from_lists
+from kvrank.model.features import candidates_from_lists, events_from_lists, user_from_lists
 
 Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -83,11 +84,18 @@ def _user_side(spec: FeatureSpec, by_reference: bool = False) -> dict[str, Any]:
         "events": (events, ...),
     }
     if by_reference:
+        since = create_model(  # type: ignore[call-overload]
+            "EventsSince",
+            __config__=_STRICT,
+            seq_hash=(str, Field(pattern=SEQ_HASH_PATTERN, description=SINCE_HASH_DOC)),
+            events=(events, Field(description="The events after it, oldest first.")),
+        )
         fields["events"] = (events | None, Field(None, description=EVENTS_DOC))
         fields["seq_hash"] = (
             str | None,
             Field(None, pattern=SEQ_HASH_PATTERN, description=SEQ_HASH_DOC),
         )
+        fields["events_since"] = (since | None, Field(None, description=EVENTS_SINCE_DOC))
     return fields | {c.name: _user_field(c) for c in spec.user}
 
 
@@ -112,7 +120,9 @@ class StrictBody:
         except msgspec.MsgspecError:
             return None
         for group, name, least, most in self.lengths:
-            holder = body if group is None else getattr(body, group)
+            holder = body
+            for part in () if group is None else group.split("."):
+                holder = getattr(holder, part) if holder is not None else None
             if holder is not None and not least <= len(getattr(holder, name)) <= most:
                 return None
         return body
@@ -126,9 +136,19 @@ def strict_body(spec: FeatureSpec, prefetch: bool = False) -> StrictBody:
     if prefetch:
         fields.append(("events", events))
     else:
+        since_lengths = [
+            ("events_since.events", n, lo, hi) for g, n, lo, hi in lengths if g == "events"
+        ]
+        lengths += since_lengths  # the same limits on the events after a hash
+        since = msgspec.defstruct(
+            "EventsSince",
+            [("seq_hash", _SEQ_HASH), ("events", events)],
+            kw_only=True,
+            forbid_unknown_fields=True,
+        )
         cands = _strict_group("candidates", spec.candidate, spec.max_candidates, lengths)
         fields += [("events", events | None, None), ("seq_hash", _SEQ_HASH | None, None)]
-        fields.append(("candidates", cands))
+        fields += [("events_since", since | None, None), ("candidates", cands)]
     for c in spec.user:
         id_col = c.kind == "id"
         kind = list[_StrictId] if id_col else list[float]
@@ -164,8 +184,17 @@ _SEQ_HASH = Annotated[str, msgspec.Meta(pattern=SEQ_HASH_PATTERN[:-1] + r"\Z")]
 
 EVENTS_DOC = (
     "The user's history, one list per sequence column. Required unless the history is sent"
-    " by reference (seq_hash, or the If-Match header)."
+    " by reference (seq_hash, or the If-Match header) or as events_since."
 )
+EVENTS_SINCE_DOC = (
+    "The history as the events after one an earlier answer named: scored from the entry"
+    " cached under seq_hash extended with these events (exactly, where the model extends"
+    " it so), the answer's seq_hash and events those of the whole history; or 412"
+    " history_required at once when no tier holds that entry or it cannot be extended"
+    " exactly: send the whole history then. Instead of events, seq_hash and the user"
+    " columns (the entry's are used)."
+)
+SINCE_HASH_DOC = "The seq_hash (ETag) an earlier answer for this user named."
 SEQ_HASH_DOC = (
     "The history by reference: the seq_hash an earlier answer for this user named (its"
     " ETag). Scored from the entry cached under it, or 412 history_required at once (never"
@@ -179,6 +208,9 @@ def by_reference(body: RequestBody, spec: FeatureSpec, if_match: str | None) -> 
     ``seq_hash``), or ``None`` when it sends its events; ``InputError`` naming the field
     when the two forms are mixed or neither is there."""
     seq_hash: str | None = body.seq_hash
+    if body.events_since is not None:
+        _alone(body, spec, "events_since", if_match)
+        return None
     if if_match is not None:
         if seq_hash is not None and seq_hash != if_match:
             raise HeaderError(IF_MATCH, "names another seq_hash than the body's")
@@ -194,6 +226,15 @@ def by_reference(body: RequestBody, spec: FeatureSpec, if_match: str | None) -> 
         if getattr(body, c.name):
             raise InputError(c.name, f"must be left out when {field} names the history")
     return seq_hash
+
+
+def _alone(body: RequestBody, spec: FeatureSpec, field: str, if_match: str | None) -> None:
+    """``InputError`` unless ``field`` is the request's only form of its history."""
+    if if_match is not None:
+        raise HeaderError(IF_MATCH, f"must be left out when {field} names the history")
+    for name in ("events", "seq_hash", *(c.name for c in spec.user)):
+        if getattr(body, name):
+            raise InputError(name, f"must be left out when {field} names the history")
 
 
 IF_MATCH = "If-Match"
@@ -246,6 +287,13 @@ def to_candidates(body: RequestBody, spec: FeatureSpec) -> CandidateInput:
     """A scoring request's candidates as tensors."""
     cands = {c.name: getattr(body.candidates, c.name) for c in spec.candidate}
     return candidates_from_lists(spec, cands)
+
+
+def to_events_since(body: RequestBody, spec: FeatureSpec) -> tuple[str, dict[str, Tensor]]:
+    """A request's ``events_since``: the hash it names and the events after it as tensors."""
+    since = body.events_since
+    listed = {c.name: getattr(since.events, c.name) for c in spec.sequence}
+    return since.seq_hash, events_from_lists(spec, listed, "events_since.events")
 
 
 def to_user(body: RequestBody, spec: FeatureSpec) -> UserInput:

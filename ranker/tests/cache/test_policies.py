@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings
+from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings, sequence_chain
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
 from kvrank.cache.ttl import IntervalTracker, clamp_ttl
@@ -89,6 +89,31 @@ def test_the_chain_keeps_its_definition_so_entries_outlive_an_upgrade(factory, t
         tail = b"".join(event(e) for e in range(i // 64 * 64, i))
         value = blake(blocks[i // 64] + i.to_bytes(8, "little") + tail, b"kvrank-seq")
         assert chain[i] == value.hex(), i
+
+
+@pytest.mark.parametrize("known", [0, 1, 63, 64, 65, 130])
+def test_a_chain_extends_from_its_state_without_the_old_events(factory, tiny_cfg, known) -> None:
+    """What ``events_since`` relies on: from the state a chain stands in after ``known``
+    events (stored with the entry), the events after them give every later value the whole
+    history's chain gives — whatever block boundary either side falls on; the state's own
+    value is the hash it stands after, and its user columns come back as they went in."""
+    from kvrank.cache import ChainState, extend_chain, user_columns
+    from kvrank.model.onetrans import feature_spec, from_features
+
+    spec = feature_spec(tiny_cfg)
+    whole = from_features(factory.user(tiny_cfg, known + 70, 5))
+    full = sequence_chain(whole, "fp", spec)
+    state = sequence_chain(whole.slice(0, known), "fp", spec).state()
+    assert ChainState.from_bytes(state.to_bytes()) == state
+    assert state.seq_hash() == full[known]
+    extended = extend_chain(state, whole.slice(known), spec)
+    assert extended.seq_hash == full.seq_hash and len(extended) == len(full)
+    assert extended[known + 1 :] == full[known + 1 :]
+    assert extended.state() == full.state()
+    for name, values in user_columns(state, spec).items():
+        assert values.tolist() == whole.user[name].tolist(), name
+    with pytest.raises(ValueError):  # a state whose tail does not fit the model's events
+        extend_chain(ChainState(known + 1, state.block, state.tail, state.user), whole, spec)
 
 
 def k(name: str) -> CacheKey:
