@@ -24,7 +24,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason, describe
@@ -182,6 +182,11 @@ class TieredCache:
         identity = ModelIdentity(s.model_version, s.fingerprint, s.model_digest, s.kv_dtype)
         self.codec = EntryCodec(identity, s.secrets, s.device)
         self._writes: set[asyncio.Task[None]] = set()
+
+    def set_secrets(self, secrets: Sequence[bytes]) -> None:
+        """The entry secrets from now on (a rotation step): the first seals new entries, any
+        opens; an entry being sealed or opened meanwhile uses the ones it started with."""
+        self.codec = replace(self.codec, secrets=tuple(secrets))
 
     def key(self, user_id: str, seq_hash: str) -> CacheKey:
         s = self.settings

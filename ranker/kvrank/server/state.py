@@ -26,7 +26,8 @@ class AppState:
     cfg: ServerConfig
     service: RankingService | None = None
     ready: bool = False
-    config_mtime: float = 0.0
+    watched_mtimes: dict[str, float] = field(default_factory=dict)
+    """Path → mtime of the files reloaded while serving (:mod:`kvrank.server.reload`)."""
     shadow_config: ShadowConfig | None = None
     """The shadow section in force (reloaded with the file)."""
     shadow: ShadowMirror | None = None

@@ -101,6 +101,57 @@ def test_only_pods_with_the_deployments_secret_and_weights_share_entries(
     assert torch.allclose(torch.tensor(doc["scores"]), retrained_expected, atol=1e-5)
 
 
+def test_a_secret_rotated_in_the_mounted_file_takes_effect_without_a_restart(
+    make_client, flushed, factory, server_cfg, make_body, tmp_path
+) -> None:
+    """A rotation's steps written to running pods' secret files (as the kubelet updates a
+    mounted Secret): a pod that puts the new secret first seals with it and still opens what
+    the others sealed with the old one; a pod still on the old one cannot open the new
+    entries (a miss, counted) until its own file changes."""
+    import time
+
+    old, new = "the old entry secret, 32 bytes..", "the new entry secret, 32 bytes.."
+    file_a, file_b = tmp_path / "a", tmp_path / "b"
+    file_a.write_text(old + "\n")
+    file_b.write_text(old + "\n")
+    redis = {"url": flushed.url}
+    pod_a = make_client(redis=redis, entry_secret_file=str(file_a))
+    pod_b = make_client(redis=redis, entry_secret_file=str(file_b))
+
+    def cache(pod, user: str) -> str:  # type: ignore[no-untyped-def]
+        seed = sum(map(ord, user))
+        user_side, cands = (
+            factory.user(server_cfg, 6, seed),
+            factory.candidates(server_cfg, 3, seed),
+        )
+        doc = pod.post("/v1/score", json=make_body(user, user_side, cands)).json()
+        settle(pod)
+        return str(doc["cache"])
+
+    def rotate(pod, file, text: str) -> None:  # type: ignore[no-untyped-def]
+        file.write_text(text)
+        codec = lambda: pod.app.state.kvrank.service.cache.codec  # noqa: E731
+        deadline = time.monotonic() + 30
+        while list(codec().secrets) != [s.encode() for s in text.splitlines()]:
+            assert time.monotonic() < deadline, "the secret file was not reloaded"
+            time.sleep(0.1)
+
+    assert (cache(pod_a, "u0"), cache(pod_b, "u0")) == ("miss", "l2")
+    rotate(pod_b, file_b, f"{new}\n{old}\n")  # B seals with the new one, opens both
+    assert (cache(pod_a, "u1"), cache(pod_b, "u1")) == ("miss", "l2")  # A's, sealed old
+    assert (cache(pod_b, "u2"), cache(pod_a, "u2")) == ("miss", "miss")  # B's, sealed new
+    assert corrupt_counts(pod_a) == {"tag": 1, "model": 0}
+    rotate(pod_a, file_a, f"{new}\n")  # the old one dropped
+    assert (cache(pod_b, "u3"), cache(pod_a, "u3")) == ("miss", "l2")
+    file_a.write_text("short\n")  # below the minimum: the secrets in force stay
+    seen = pod_a.app.state.kvrank.watched_mtimes
+    deadline = time.monotonic() + 30
+    while seen.get(str(file_a)) != file_a.stat().st_mtime:  # the watcher read it
+        assert time.monotonic() < deadline, "the secret file was not read again"
+        time.sleep(0.1)
+    assert list(pod_a.app.state.kvrank.service.cache.codec.secrets) == [new.encode()]
+
+
 def test_a_short_entry_secret_is_refused_naming_the_setting(make_client) -> None:
     with pytest.raises(ValueError, match=r"entry_secret: every secret .* at least 16 bytes"):
         make_client(entry_secret="short")
