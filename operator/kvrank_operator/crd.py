@@ -224,6 +224,16 @@ MODEL = _obj(
 )
 
 _SHARE = {"type": "number", "minimum": 0, "maximum": 1}
+
+
+def _at_least(bound: float) -> dict[str, Any]:
+    """A number of at least a fractional ``bound``. The API server compares a value written
+    as an integer with an OpenAPI ``minimum`` truncated to an integer (``0`` passes
+    ``minimum: 0.1``), so a CEL rule, which compares numbers as numbers, holds the bound."""
+    rule = {"rule": f"self >= {bound}", "message": f"should be greater than or equal to {bound}"}
+    return {"type": "number", "minimum": bound, "x-kubernetes-validations": [rule]}
+
+
 _FILE = {"type": "string", "pattern": "^/", "maxLength": 1024}
 _PROMETHEUS = _obj(
     {
@@ -557,8 +567,8 @@ TTL = _obj(
             "minimum": 0,
             "maximum": 86400,
         },
-        "factor": {"type": "number", "minimum": 0.1, "maximum": 100, "default": TTLSpec.factor},
-        "minSeconds": {"type": "number", "minimum": 0.1, "default": TTLSpec.min_seconds},
+        "factor": {**_at_least(0.1), "maximum": 100, "default": TTLSpec.factor},
+        "minSeconds": {**_at_least(0.1), "default": TTLSpec.min_seconds},
         "maxSeconds": {
             "type": "number",
             "minimum": 1,

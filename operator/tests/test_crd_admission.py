@@ -288,6 +288,12 @@ INVALID = [
         with_({"cache": {"redis": {"mode": "external", "url": "redis://:hunter2@r:6379"}}}),
         "spec.cache.redis.url",
     ),
+    (  # written as an integer, the OpenAPI minimum alone is compared truncated (0 >= 0)
+        "a TTL factor of 0 below its fractional minimum",
+        with_({"ttl": {"factor": 0}}),
+        "spec.ttl.factor",
+    ),
+    ("a TTL minSeconds of 0", with_({"ttl": {"minSeconds": 0}}), "spec.ttl.minSeconds"),
     (
         "a Redis user and password in the URL",
         with_({"cache": {"redis": {"mode": "external", "url": "rediss://ranker:pw@r:6380/0"}}}),
