@@ -8,7 +8,9 @@ old versions removed, purge Jobs, a Redis cluster healed — is not here, nor th
 reference the API server's uid makes. Secrets keep their keys, never their values: the
 password and certificates are generated per cluster and create-only.
 
-For review, diffs and manifest linters (``make lint`` runs kube-score over every example).
+For review, diffs and manifest linters (``make lint`` runs kube-score over every example). The
+spec is first checked against the CRD's schema as the API server would check it
+(:mod:`~kvrank_operator.schema_check`): a misspelt field is an error here, not a default.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any
 
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import redis_tls
+from kvrank_operator.crd import SPEC
 from kvrank_operator.errors import DocumentError
 from kvrank_operator.manifests.gateway import gateway_objects
 from kvrank_operator.manifests.router import router_objects
 from kvrank_operator.rollout import effective
+from kvrank_operator.schema_check import problems
 from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
 from kvrank_operator.ttl import next_ttl
 
@@ -37,8 +41,10 @@ def render(
     defaults: Defaults | None = None,
 ) -> list[dict[str, Any]]:
     """The objects, in the order the operator applies them; raises
-    :class:`~kvrank_operator.errors.SpecError` naming a spec field the operator would
-    refuse, :class:`~kvrank_operator.errors.DocumentError` for a document that is not one."""
+    :class:`~kvrank_operator.errors.DocumentError` for a document that is not one or whose
+    spec the CRD's schema refuses (an unknown field, a wrong type, a value out of its enum or
+    bounds: every such field named), :class:`~kvrank_operator.errors.SpecError` naming a
+    spec field the operator would refuse."""
     if (doc.get("apiVersion"), doc.get("kind")) != KIND:
         got = f"{doc.get('apiVersion')}/{doc.get('kind')}"
         raise DocumentError("kind", f"{got} is not a {KIND[1]} ({KIND[0]})")
@@ -46,6 +52,11 @@ def render(
     if not meta.get("name"):
         raise DocumentError("metadata.name", "required")
     name, ns = str(meta["name"]), namespace or meta.get("namespace") or "default"
+    found = problems(doc.get("spec"), SPEC, "spec")
+    if found:  # what the API server's schema refuses (or, for an unknown field, drops)
+        field, _, problem = found[0].partition(": ")
+        more = f" (and {len(found) - 1} more: {'; '.join(found[1:])})" if len(found) > 1 else ""
+        raise DocumentError(field, problem + more)
     spec = parse_spec(doc.get("spec") or {}, defaults or Defaults())
     live = effective(spec, None)
     out = [

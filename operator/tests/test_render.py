@@ -107,6 +107,31 @@ def test_a_document_the_operator_would_refuse_is_refused_naming_the_field(doc, n
     assert named in out.stderr, out.stderr
 
 
+BASIC = (Path(__file__).parents[2] / "examples" / "basic.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (("  cache:", "  cahce:"), "spec.cahce: unknown field"),
+        (("replicasPerShard", "replicaPerShard"), "spec.cache.redis.replicaPerShard: unknown"),
+        (("mode: auto", "mode: fixd"), "spec.ttl.mode: 'fixd' is not one of auto, fixed"),
+        (("      limits:", "      limit:"), "spec.model.resources.limit: unknown field"),
+        (("replicas: 2", "replicas: one"), "spec.model.replicas: must be an integer"),
+        (("shards: 3", "shards: 2"), "spec.cache.redis.shards: should be greater than or equal"),
+    ],
+    ids=["cahce", "replicaPerShard", "fixd", "limit", "replicas: one", "2 shards"],
+)
+def test_a_spec_the_crd_schema_refuses_is_refused_before_anything_renders(edit, named) -> None:
+    """What the API server's schema would refuse, or silently drop (a misspelt field), is
+    an error naming the field — not a default rendered in its place, nor a traceback."""
+    old, new = edit
+    assert old in BASIC
+    out = render("-f", "-", stdin=BASIC.replace(old, new, 1))
+    assert out.returncode == 2 and not out.stdout, out.stdout[:200]
+    assert named in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_with_platform_ids_no_pod_fixes_its_uid_unless_the_spec_does() -> None:
     """OpenShift's restricted-v2 SCC assigns each namespace's pods a uid from its range and
     refuses pods that fix another: with ``--platform-ids`` (the chart's ``podIds``) no pod
