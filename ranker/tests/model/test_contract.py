@@ -54,14 +54,21 @@ class _ScoreRequest(BaseModel):
     candidates: _CandidatesIn
 
 
+class _EventsSince(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seq_hash: str = Field(pattern=r"^[0-9a-f]{32}$")
+    events: _EventsIn
+
+
 class _ScoreRequestNow(BaseModel):
-    """The same, plus the history by reference: ``events`` may give way to ``seq_hash`` —
-    every body valid before is still valid and means the same."""
+    """The same, plus the history by reference: ``events`` may give way to ``seq_hash`` or to
+    ``events_since`` — every body valid before is still valid and means the same."""
 
     model_config = ConfigDict(extra="forbid")
     user_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     events: _EventsIn | None = None
     seq_hash: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    events_since: _EventsSince | None = None
     profile_ids: list[Id] = Field(default_factory=list, max_length=64)
     context_ids: list[Id] = Field(default_factory=list, max_length=64)
     user_dense: list[Finite] = Field(default_factory=list, max_length=256)
@@ -85,7 +92,7 @@ def test_the_built_in_request_schema_is_the_one_clients_were_given(tiny_cfg) -> 
     assert _without_docs(derived) == _without_docs(_ScoreRequestNow.model_json_schema())
     before = _without_docs(_ScoreRequest.model_json_schema())
     assert isinstance(before, dict)
-    assert set(before["properties"]) | {"seq_hash"} == set(derived["properties"])
+    assert set(before["properties"]) | {"seq_hash", "events_since"} == set(derived["properties"])
 
 
 def _built_in_chain(user, fingerprint: str) -> list[str]:
