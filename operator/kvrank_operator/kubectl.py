@@ -4,7 +4,11 @@ Installed as the ``kubectl-rkd`` console script, which kubectl runs for ``kubect
 (any executable named ``kubectl-<name>`` on PATH is a plugin). Like ``kubectl argo
 rollouts``: ``status`` and ``watch`` read the object's status; ``promote``, ``abort``,
 ``pause`` and ``resume`` change its spec the way a person would with ``kubectl patch``, so
-the operator does the rest and the spec says what happened:
+the operator does the rest and the spec says what happened; ``list`` names every
+RankerDeployment of a namespace. ``status --wait [--timeout S]`` waits for the rollout to be
+over and exits 0 (its version serving, Ready), 1 (aborted) or 2 (timed out), as
+``kubectl argo rollouts status`` lets a CI step gate on it; ``-o json`` prints the object.
+A missing kubeconfig or an unreachable API server is one line naming it:
 
 - ``promote``: ``model`` takes the canary's version, artifact and image and the canary block
   goes (the operator's own promotion, by the same patch); a stepped rollout skips its steps.
@@ -19,6 +23,8 @@ that write the spec refuse (commit the change in Git instead) unless given ``--f
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -34,12 +40,16 @@ Namespace = Annotated[
 Kubeconfig = Annotated[
     str | None, typer.Option(help="Kubeconfig (default: $KUBECONFIG, then ~/.kube/config).")
 ]
+Context = Annotated[
+    str | None, typer.Option(help="The kubeconfig context to use (default: its current one).")
+]
 Force = Annotated[
     bool, typer.Option(help="Write the spec even where canary.promotion is status (GitOps).")
 ]
 
 app = typer.Typer(
-    help="kvrank RankerDeployments: a rollout's status, promote, abort, pause, resume.",
+    help="kvrank RankerDeployments: list, a rollout's status (--wait to gate on it), watch,"
+    " promote, abort, pause, resume.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -50,34 +60,63 @@ class RankerDeployments:
     modules and the Kubernetes client are imported here, not with the module: a base install
     without the operator extra gets a message naming it, not a traceback.)"""
 
-    def __init__(self, namespace: str | None, kubeconfig: str | None) -> None:
+    def __init__(
+        self, namespace: str | None, kubeconfig: str | None, context: str | None = None
+    ) -> None:
         from kubernetes import client, config
 
         from kvrank_operator.crd import GROUP, PLURAL, VERSION
 
-        config.load_kube_config(config_file=kubeconfig)
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context)
+            contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+        except (config.ConfigException, OSError) as exc:
+            fail(
+                f"no usable kubeconfig ({exc}): pass --kubeconfig, set KUBECONFIG, or write"
+                " ~/.kube/config"
+            )
         if namespace is None:
-            _, context = config.list_kube_config_contexts(config_file=kubeconfig)
-            namespace = context["context"].get("namespace") or "default"
+            chosen = next((c for c in contexts if c["name"] == context), current)
+            namespace = chosen["context"].get("namespace") or "default"
         self.namespace = namespace
         self.api = client.CustomObjectsApi()
+        self.server = client.Configuration.get_default_copy().host
         self.where = (GROUP, VERSION, namespace, PLURAL)
 
-    def get(self, name: str) -> dict[str, Any]:
+    def call(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call; an unreachable or refusing API server is one line naming it."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
-            obj = self.api.get_namespaced_custom_object(*self.where, name)
+            return method(*args, **kwargs)
         except ApiException as exc:
             if exc.status == 404:
-                fail(f"rankerdeployment {name} not found in namespace {self.namespace}")
-            raise
-        found: dict[str, Any] = obj  # type: ignore[assignment]  # the client says object
+                fail(f"{what} not found in namespace {self.namespace}")
+            fail(f"the API server at {self.server} refused: {exc.status} {exc.reason}")
+        except HTTPError as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            fail(f"cannot reach the API server at {self.server}: {reason}")
+
+    def get(self, name: str) -> dict[str, Any]:
+        what = f"rankerdeployment {name}"
+        found: dict[str, Any] = self.call(
+            what, self.api.get_namespaced_custom_object, *self.where, name
+        )
         return found
 
+    def list(self) -> list[dict[str, Any]]:
+        found = self.call("rankerdeployments", self.api.list_namespaced_custom_object, *self.where)
+        return list(found.get("items") or [])
+
     def patch(self, name: str, patch: dict[str, Any]) -> None:
-        self.api.patch_namespaced_custom_object(
-            *self.where, name, patch, _content_type="application/merge-patch+json"
+        self.call(
+            f"rankerdeployment {name}",
+            self.api.patch_namespaced_custom_object,
+            *self.where,
+            name,
+            patch,
+            _content_type="application/merge-patch+json",
         )
 
     def watch(self, name: str, timeout_s: int | None) -> Any:
@@ -156,11 +195,99 @@ def _show(obj: dict[str, Any]) -> None:
     Console(width=240, soft_wrap=True, highlight=False).print(describe(obj))
 
 
+Output = Annotated[
+    str, typer.Option("--output", "-o", help="text (the default), or json: the object as is.")
+]
+DONE, FAILED, TIMED_OUT = 0, 1, 2
+"""``status --wait``'s exit codes: the rollout ended with its version serving and Ready;
+it was aborted (or the object deleted); the timeout passed first."""
+
+
 @app.command()
-def status(name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None) -> None:
+def status(
+    name: Name,
+    namespace: Namespace = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    output: Output = "text",
+    wait: Annotated[
+        bool,
+        typer.Option(
+            help="Wait until the rollout is over, then exit 0 (promoted or no canary, and"
+            " Ready), 1 (aborted) or 2 (the timeout passed): a CI step can gate on it."
+        ),
+    ] = False,
+    timeout: Annotated[int, typer.Option(min=1, help="--wait: at most this many seconds.")] = 600,
+) -> None:
     """Versions and their pods, the rollout (phase, step, weight, checks), the cache
     namespaces, the TTL and the conditions."""
-    _show(RankerDeployments(namespace, kubeconfig).get(name))
+    if output not in ("text", "json"):
+        fail(f"--output must be text or json, not {output!r}")
+    rkds = RankerDeployments(namespace, kubeconfig, context)
+    obj = rkds.get(name)
+    if wait:
+        obj = _until_over(rkds, name, obj, timeout)
+    _print(obj, output)
+    if wait:
+        raise typer.Exit(DONE if verdict(obj) == "done" else FAILED)
+
+
+def _until_over(rkds: RankerDeployments, name: str, obj: dict[str, Any], timeout: int) -> Any:
+    """The object once its rollout is over (:func:`verdict`); exit 2 after ``timeout``."""
+    deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=timeout)
+    while verdict(obj) is None:
+        left = int((deadline - dt.datetime.now(dt.UTC)).total_seconds())
+        if left <= 0:
+            _print(obj, "text")
+            typer.echo(f"kubectl rkd: {name}: the rollout was not over after {timeout}s", err=True)
+            raise typer.Exit(TIMED_OUT)
+        for event in rkds.watch(name, min(left, 60)):
+            if event["type"] == "DELETED":
+                fail(f"rankerdeployment {name} was deleted")
+            obj = event["object"]
+            if verdict(obj) is not None:
+                break
+    return obj
+
+
+def verdict(obj: dict[str, Any]) -> str | None:
+    """``done`` (no canary left and Ready), ``aborted`` (the rollout's record says so), or
+    ``None``: still going."""
+    status = obj.get("status") or {}
+    if (status.get("canary") or {}).get("phase") == "Aborted":
+        return "aborted"
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return "done" if ready and not (obj.get("spec") or {}).get("canary") else None
+
+
+def _print(obj: dict[str, Any], output: str) -> None:
+    if output == "json":
+        (obj.get("metadata") or {}).pop("managedFields", None)
+        typer.echo(json.dumps(obj, indent=2, default=str))
+    else:
+        _show(obj)
+
+
+@app.command("list")
+def list_(
+    namespace: Namespace = None, kubeconfig: Kubeconfig = None, context: Context = None
+) -> None:
+    """Every RankerDeployment in the namespace: its version, canary, phase, readiness, URL."""
+    rkds = RankerDeployments(namespace, kubeconfig, context)
+    table = Table("NAME", "VERSION", "CANARY", "PHASE", "READY", "URL", box=None)
+    for obj in sorted(rkds.list(), key=lambda o: o["metadata"]["name"]):
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        canary, rollout = spec.get("canary") or {}, status.get("canary") or {}
+        phase = rollout.get("phase", "-") if canary else "-"
+        table.add_row(
+            obj["metadata"]["name"], (spec.get("model") or {}).get("version", "-"),
+            canary.get("version", "-"), phase, status.get("readyText", "-"),
+            status.get("url", "-"),
+        )  # fmt: skip
+    Console(width=240, soft_wrap=True, highlight=False).print(table)
 
 
 @app.command()
@@ -168,12 +295,13 @@ def watch(
     name: Name,
     namespace: Namespace = None,
     kubeconfig: Kubeconfig = None,
+    context: Context = None,
     timeout: Annotated[
         int | None, typer.Option(help="Stop after this many seconds (default: on Ctrl-C).")
     ] = None,
 ) -> None:
     """``status`` again each time the object changes."""
-    rkds = RankerDeployments(namespace, kubeconfig)
+    rkds = RankerDeployments(namespace, kubeconfig, context)
     seen = None
     for event in rkds.watch(name, timeout):
         obj = event["object"]
@@ -202,10 +330,14 @@ def _canary(obj: dict[str, Any], force: bool, verb: str) -> dict[str, Any]:
 
 @app.command()
 def promote(
-    name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None, force: Force = False
+    name: Name,
+    namespace: Namespace = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    force: Force = False,
 ) -> None:
     """Make the canary the stable version now (remaining steps skipped)."""
-    rkds = RankerDeployments(namespace, kubeconfig)
+    rkds = RankerDeployments(namespace, kubeconfig, context)
     from kvrank_operator.errors import SpecError
     from kvrank_operator.rollout import promotion
     from kvrank_operator.spec import parse_spec
@@ -223,17 +355,21 @@ def promote(
 
 @app.command()
 def abort(
-    name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None, force: Force = False
+    name: Name,
+    namespace: Namespace = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    force: Force = False,
 ) -> None:
     """Remove the canary: its pods go, its cache namespace is purged."""
-    rkds = RankerDeployments(namespace, kubeconfig)
+    rkds = RankerDeployments(namespace, kubeconfig, context)
     canary = _canary(rkds.get(name), force, "abort")
     rkds.patch(name, {"spec": {"canary": None}})
     typer.echo(f"{name}: aborted canary {canary['version']}")
 
 
-def _hold(name: str, namespace: str | None, kubeconfig: str | None, paused: bool) -> None:
-    rkds = RankerDeployments(namespace, kubeconfig)
+def _hold(name: str, where: tuple[str | None, str | None, str | None], paused: bool) -> None:
+    rkds = RankerDeployments(*where)
     canary = _canary(rkds.get(name), True, "pause" if paused else "resume")
     if not canary.get("steps"):
         fail(f"{name}'s canary has no steps: it stays at its weight until promoted or aborted")
@@ -242,15 +378,19 @@ def _hold(name: str, namespace: str | None, kubeconfig: str | None, paused: bool
 
 
 @app.command()
-def pause(name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None) -> None:
+def pause(
+    name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None, context: Context = None
+) -> None:
     """Hold a stepped rollout at its step (checks still run; a failing one still aborts)."""
-    _hold(name, namespace, kubeconfig, True)
+    _hold(name, (namespace, kubeconfig, context), True)
 
 
 @app.command()
-def resume(name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None) -> None:
+def resume(
+    name: Name, namespace: Namespace = None, kubeconfig: Kubeconfig = None, context: Context = None
+) -> None:
     """Let a paused rollout go on."""
-    _hold(name, namespace, kubeconfig, False)
+    _hold(name, (namespace, kubeconfig, context), False)
 
 
 def main() -> None:

@@ -114,8 +114,26 @@ def test_a_new_object_without_status_still_prints() -> None:
 
 def test_every_command_is_there_with_help() -> None:
     out = CliRunner().invoke(app, ["--help"]).output
-    for command in ("status", "watch", "promote", "abort", "pause", "resume"):
+    for command in ("list", "status", "watch", "promote", "abort", "pause", "resume"):
         assert command in out, out
+
+
+def test_no_kubeconfig_or_no_api_server_is_one_line_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Not a traceback: what is missing, and where the plugin looked."""
+    gone = CliRunner().invoke(app, ["status", "x"], env={"KUBECONFIG": str(tmp_path / "none")})
+    assert gone.exit_code == 1 and "no usable kubeconfig" in gone.output, gone.output
+    assert "Traceback" not in gone.output
+    config = tmp_path / "config"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u, namespace: ranking}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    down = CliRunner().invoke(app, ["list", "--kubeconfig", str(config)])
+    assert down.exit_code == 1, down.output
+    assert "cannot reach the API server at http://127.0.0.1:9" in down.output, down.output
+    assert len(down.output.strip().splitlines()) == 1
 
 
 STEPPED: dict[str, Any] = {
@@ -148,6 +166,12 @@ def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(clust
     def create(name: str, body: dict[str, Any]) -> None:
         doc = {"apiVersion": API_VERSION, "kind": "RankerDeployment", "metadata": {"name": name}}
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({**doc, "spec": body}))
+
+    def write_status(name: str, status: dict[str, Any]) -> None:
+        patch = json.dumps({"status": status})
+        cluster.kubectl(
+            "patch", "rkd", name, "-n", ns, "--subresource=status", "--type=merge", "-p", patch
+        )
 
     create("plugin-stepped", STEPPED)
     try:
@@ -184,8 +208,24 @@ def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(clust
         assert no_steps.returncode == 1 and "has no steps" in no_steps.stderr, no_steps
         assert rkd("abort", "plugin-gitops", "--force").returncode == 0
         assert "canary" not in spec("plugin-gitops")
+        listed = rkd("list").stdout
+        assert "plugin-gitops" in listed and "plugin-stepped" in listed, listed
+        as_json = json.loads(rkd("status", "plugin-gitops", "-o", "json").stdout)
+        assert as_json["metadata"]["name"] == "plugin-gitops"
+        # --wait: a CI step's gate, on the status the operator writes (patched here)
+        waited = rkd("status", "plugin-stepped", "--wait", "--timeout", "1")
+        assert waited.returncode == 2 and "not over after 1s" in waited.stderr, waited
+        ready = {"type": "Ready", "status": "True", "reason": "Serving", "message": "ok"}
+        write_status("plugin-stepped", {"conditions": [ready]})
+        assert rkd("status", "plugin-stepped", "--wait").returncode == 0
+        create("plugin-failing", STEPPED)
+        aborted = {"version": "v2", "phase": "Aborted", "message": "errorRatio failed"}
+        write_status("plugin-failing", {"canary": aborted, "conditions": [ready]})
+        failed = rkd("status", "plugin-failing", "--wait")
+        assert failed.returncode == 1 and "errorRatio failed" in failed.stdout, failed
         missing = rkd("status", "plugin-nowhere")
         assert missing.returncode == 1
         assert "rankerdeployment plugin-nowhere not found in namespace default" in missing.stderr
     finally:
-        cluster.kubectl("delete", "rkd", "plugin-stepped", "plugin-gitops", "-n", ns, check=False)
+        names = ("plugin-stepped", "plugin-gitops", "plugin-failing")
+        cluster.kubectl("delete", "rkd", *names, "-n", ns, check=False)
