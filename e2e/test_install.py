@@ -75,7 +75,17 @@ def test_the_previous_release_upgrades_in_place_crd_included(
     replicas = {p["metadata"]["name"] for p in release.pods()}
     assert stack.wait_for(release.leader, "an operator holds the Lease", 60) in replicas
     columns = [c["name"] for c in crd_doc["spec"]["versions"][0]["additionalPrinterColumns"]]
-    for column in ("Ready", "Version", "Canary", "Weight", "TTL", "Hit-Ratio", "Age"):
+    for column in (
+        "Ready",
+        "Pods",
+        "URL",
+        "Version",
+        "Canary",
+        "Weight",
+        "TTL",
+        "Hit-Ratio",
+        "Age",
+    ):
         assert column in columns
     assert "No resources found" in stack.cluster.kubectl("get", "rkd", "-n", NS).stderr
 

@@ -899,8 +899,13 @@ STATUS = _obj(
 )
 
 COLUMNS = [
-    {"name": "Ready", "type": "string", "jsonPath": ".status.readyText",
+    {"name": "Ready", "type": "string",
+     "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+     "description": "Whether it serves: its Ready condition (True, False)"},
+    {"name": "Pods", "type": "string", "jsonPath": ".status.readyText",
      "description": "Ready replicas of the serving versions / desired"},
+    {"name": "URL", "type": "string", "jsonPath": ".status.url",
+     "description": "Where callers score: the shared Service's in-cluster URL"},
     {"name": "Version", "type": "string", "jsonPath": ".spec.model.version",
      "description": "The stable model version"},
     {"name": "Canary", "type": "string", "jsonPath": ".spec.canary.version",

@@ -145,7 +145,7 @@ DESCRIPTIONS: dict[str, str] = {
     "status.selector": "The label selector of every ranker pod of this resource (the scale"
     " subresource's; an autoscaler reads it).",
     "status.readyText": "Ready pods / desired pods of the serving versions (kubectl get's"
-    " Ready column).",
+    " Pods column).",
     "status.versions": "Each live model version: its role and pods.",
     "status.versions[].version": "The model version.",
     "status.versions[].role": "stable or canary.",

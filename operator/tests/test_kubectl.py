@@ -216,8 +216,13 @@ def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(clust
         waited = rkd("status", "plugin-stepped", "--wait", "--timeout", "1")
         assert waited.returncode == 2 and "not over after 1s" in waited.stderr, waited
         ready = {"type": "Ready", "status": "True", "reason": "Serving", "message": "ok"}
-        write_status("plugin-stepped", {"conditions": [ready]})
+        url = "http://plugin-stepped.default.svc.cluster.local:8080"
+        write_status("plugin-stepped", {"conditions": [ready], "url": url, "readyText": "2/2"})
         assert rkd("status", "plugin-stepped", "--wait").returncode == 0
+        # kubectl get rkd: the Ready condition and the URL, as kubectl get isvc shows them
+        table = cluster.kubectl("get", "rkd", "plugin-stepped", "-n", ns).stdout.splitlines()
+        row = dict(zip(table[0].split(), table[1].split(), strict=False))
+        assert (row["READY"], row["PODS"], row["URL"]) == ("True", "2/2", url), table
         create("plugin-failing", STEPPED)
         aborted = {"version": "v2", "phase": "Aborted", "message": "errorRatio failed"}
         write_status("plugin-failing", {"canary": aborted, "conditions": [ready]})
