@@ -95,11 +95,27 @@ class HiddenState(OneTransRanker):
         return UserKV(**{**kv.__dict__, "extras": extras})
 
 
+class ReadsPastWindow(OneTransRanker):
+    """Counts every event it is handed, the ones before its window too, into its state and
+    its no-cache path alike: an adapter that forgot to cut the history to ``window``."""
+
+    def encode_user(self, user: UserInput, kv_dtype: KVDType | None = None) -> UserKV:
+        kv = super().encode_user(user, kv_dtype)
+        return UserKV(**{**kv.__dict__, "meta": {**kv.meta, "events": str(len(user))}})
+
+    def score(self, user_kv: UserKV, candidates: CandidateInput) -> Tensor:
+        return super().score(user_kv, candidates) + 0.01 * int(user_kv.meta.get("events", 0))
+
+    def forward_full(self, user: UserInput, candidates: CandidateInput) -> Tensor:
+        return super().forward_full(user, candidates) + 0.01 * len(user)
+
+
 BROKEN = {
     "test-candidates-see-each-other": (CandidatesSeeEachOther, "candidates_independent"),
     "test-batch-normalized": (BatchNormalized, "candidates_independent"),
     "test-user-side-sees-candidates": (UserSideSeesCandidates, "cached_equals_full"),
     "test-hidden-state": (HiddenState, "encode_deterministic"),
+    "test-reads-past-window": (ReadsPastWindow, "window_respected"),
 }
 """architecture → (its class, the check that must refuse it)."""
 

@@ -131,6 +131,7 @@ class _Probe:
 
     def checks(self) -> Iterator[tuple[str, Callable[[], str]]]:
         yield "cached_equals_full", self.cached_equals_full
+        yield "window_respected", self.window_respected
         yield "candidates_independent", self.candidates_independent
         yield "encode_deterministic", self.encode_deterministic
         yield "bytes_roundtrip", self.bytes_roundtrip
@@ -183,6 +184,20 @@ class _Probe:
         if spread == 0.0:
             raise _Failed("every candidate got the same logit: the check would prove nothing")
         return f"max |Δlogit| {worst:.2g} over {len(self.shapes)} shapes (≤ {self.tol:g})"
+
+    def window_respected(self) -> str:
+        """kvrank hands a model the whole history (the hash covers every event); the model
+        keeps its last ``window``: events before them must change nothing."""
+        w = self.spec.window
+        past = min(3, self.spec.max_request_events - w)
+        if past <= 0:
+            return "no request may be longer than the window: nothing to cut"
+        user, cands = self.user(w + past), self.cands(7)
+        whole = self._score(self.model.encode_user(user), cands)
+        last = self._score(self.model.encode_user(user.slice(past)), cands)
+        what = f"{w + past} events against their last {w} (the window)"
+        delta = self._near(whole, last, self.tol, what)
+        return f"{past} events before the window change nothing: max |Δlogit| {delta:.2g}"
 
     def candidates_independent(self) -> str:
         n, c = self.shapes[-2][0], 9

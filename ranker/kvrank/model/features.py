@@ -64,6 +64,8 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
         return _tensor(values, np.int64)
     if col.width == 0 and not values:
         return torch.zeros(n, 0)
+    if not values and n:
+        raise InputError(field, f"missing: the model expects {n} rows of {col.width} values")
     if len(values) != n:
         raise InputError(field, f"has {len(values)} rows; expected {n}")
     if set(map(len, values)) - {col.width}:  # in C; the row is named only when one is off
@@ -78,6 +80,8 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
 
 
 def _row(col: Column, values: Values) -> Tensor:
+    if not values and col.width:
+        raise InputError(col.name, f"missing: the model expects {col.width} values")
     return _tensor(values, np.int64 if col.kind == "id" else np.float32)
 
 

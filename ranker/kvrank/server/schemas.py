@@ -263,9 +263,11 @@ def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
         if first:
             kwargs["min_length"] = 1
         return list[Id], Field(**kwargs)
-    return list[list[Finite]], Field(
-        default_factory=list, max_length=limit, description=col.description or None
-    )
+    about: str | None = col.description or None
+    if col.width:  # required: the description says so (the group's rows, ``width`` each)
+        need = f"one row of {col.width} values per row of the group"
+        about = f"{about} ({need})" if about else need.capitalize()
+    return list[list[Finite]], Field(default_factory=list, max_length=limit, description=about)
 
 
 def _user_field(col: Column) -> tuple[Any, Any]:
@@ -274,7 +276,11 @@ def _user_field(col: Column) -> tuple[Any, Any]:
         bound = max(col.width, USER_IDS_MAX)
     else:
         kind, bound = list[Finite], max(col.width, USER_DENSE_MAX)
-    return kind, Field(default_factory=list, max_length=bound, description=col.description or None)
+    # left out only when the history is sent by reference: the schema cannot say "required
+    # with events", so the description does (and a missing one is named "missing")
+    need = f"{col.width} values; required unless the history is sent by reference"
+    description = f"{col.description} ({need})" if col.description else need.capitalize()
+    return kind, Field(default_factory=list, max_length=bound, description=description)
 
 
 def to_inputs(body: RequestBody, spec: FeatureSpec) -> tuple[UserInput, CandidateInput]:

@@ -23,8 +23,9 @@ def test_the_built_in_model_passes_every_check(factory, tiny_cfg) -> None:
     report = check_model(OneTransRanker(factory.model(tiny_cfg)))
     names = [r.name for r in report.results]
     assert report.passed, report.failed
-    assert names[:4] == [
+    assert names[:5] == [
         "cached_equals_full",
+        "window_respected",
         "candidates_independent",
         "encode_deterministic",
         "bytes_roundtrip",
@@ -65,6 +66,7 @@ def test_the_example_plugin_passes_and_a_non_extendable_one_is_not_asked_to_exte
         "test-batch-normalized",
         "test-user-side-sees-candidates",
         "test-hidden-state",
+        "test-reads-past-window",
     ],
 )
 def test_each_broken_model_fails_the_check_named_for_its_flaw(

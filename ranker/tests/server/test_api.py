@@ -85,6 +85,8 @@ def test_once_a_window_slides_the_default_encodes_in_full_and_stays_exact(
         (lambda b: b["events"]["dense"][0].append(1.0), 422, "events.dense[0]"),
         (lambda b: b.__setitem__("user_id", "bad id!"), 422, "user_id"),
         (lambda b: b.__setitem__("surprise", 1), 422, "surprise"),
+        (lambda b: b.pop("profile_ids"), 422, "profile_ids"),
+        (lambda b: b["events"].pop("dense"), 422, "events.dense"),
     ],
     ids=[
         "short-actions",
@@ -96,6 +98,8 @@ def test_once_a_window_slides_the_default_encodes_in_full_and_stays_exact(
         "dense-width",
         "user-id-pattern",
         "unknown-field",
+        "user-column-left-out",
+        "dense-rows-left-out",
     ],
 )
 def test_bad_requests_name_the_field(make_client, request_for, mutate, status, field) -> None:
@@ -106,6 +110,8 @@ def test_bad_requests_name_the_field(make_client, request_for, mutate, status, f
     assert resp.status_code == status, resp.text
     assert resp.json()["field"] == field
     assert resp.json()["request_id"]
+    if field in ("profile_ids", "events.dense"):  # a column left out is said to be missing
+        assert resp.json()["error"].startswith("missing: the model expects"), resp.text
 
 
 def test_nan_is_rejected(make_client, request_for) -> None:
