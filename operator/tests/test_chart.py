@@ -45,6 +45,30 @@ def render(*args: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def test_the_install_the_readme_shows_names_its_objects_kvrank_operator() -> None:
+    """``helm install kvrank-operator …`` (the README's): ``kvrank-operator``, not
+    ``kvrank-operator-kvrank-operator``; any other release name prefixes it."""
+    readme = (CHART / "README.md").read_text()
+    assert "helm install kvrank-operator charts/kvrank-operator" in readme
+    for release, name in (
+        ("kvrank-operator", "kvrank-operator"),
+        ("team-a", "team-a-kvrank-operator"),
+    ):
+        out = helm(
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            "kvrank-system",
+            "--kube-version",
+            KUBE_VERSION,
+        )
+        assert out.returncode == 0, out.stderr
+        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+        (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+        assert dep["metadata"]["name"] == name
+
+
 def test_crd_file_is_generated_from_the_source_of_truth() -> None:
     assert yaml.safe_load((CHART / "crds" / "rankerdeployments.yaml").read_text()) == crd()
 
