@@ -30,10 +30,10 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def render(*args: str) -> list[dict]:
+def render(*args: str, release: str = "rel") -> list[dict]:
     out = helm(
         "template",
-        "rel",
+        release,
         str(CHART),
         "--namespace",
         "kvrank-system",
@@ -50,22 +50,9 @@ def test_the_install_the_readme_shows_names_its_objects_kvrank_operator() -> Non
     ``kvrank-operator-kvrank-operator``; any other release name prefixes it."""
     readme = (CHART / "README.md").read_text()
     assert "helm install kvrank-operator charts/kvrank-operator" in readme
-    for release, name in (
-        ("kvrank-operator", "kvrank-operator"),
-        ("team-a", "team-a-kvrank-operator"),
-    ):
-        out = helm(
-            "template",
-            release,
-            str(CHART),
-            "--namespace",
-            "kvrank-system",
-            "--kube-version",
-            KUBE_VERSION,
-        )
-        assert out.returncode == 0, out.stderr
-        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-        (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    names = {"kvrank-operator": "kvrank-operator", "team-a": "team-a-kvrank-operator"}
+    for release, name in names.items():
+        (dep,) = [d for d in render(release=release) if d["kind"] == "Deployment"]
         assert dep["metadata"]["name"] == name
 
 

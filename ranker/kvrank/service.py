@@ -227,17 +227,13 @@ class RankingService:
         check_candidates(self.features, cands)
         self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()):
-            found = None
-            if self.settings.cache_mode != "full":
-                found = await self.cache.find(self.cache.key(user_id, seq_hash))
+            found = await self._find(user_id, seq_hash)
             if found is None:
-                self.metrics.by_reference["history_required"].inc()
-                raise HistoryRequired(field, seq_hash)
+                raise self._history_required(field, seq_hash)
             t = time.perf_counter()
             logits = await self._finite_scores(user_id, seq_hash, found, cands)
             if logits is None:  # the entry is gone: the caller sends its events
-                self.metrics.by_reference["history_required"].inc()
-                raise HistoryRequired(field, seq_hash)
+                raise self._history_required(field, seq_hash)
             self.metrics.by_reference["served"].inc()
             timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
             return self._result(logits, found.outcome, timings, protocol, seq_hash)
@@ -262,14 +258,11 @@ class RankingService:
         check_candidates(self.features, cands)
         self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()):
-            found = None
-            if self.settings.cache_mode != "full":
-                found = await self.cache.find(self.cache.key(user_id, since))
+            found = await self._find(user_id, since)
             extension = self._extension(found, since, events)
             if found is None or extension is None:
-                self.metrics.by_reference["history_required"].inc()
                 why = None if found is None else f"the entry under {since!r} does not extend"
-                raise HistoryRequired(field, since, why)
+                raise self._history_required(field, since, why)
             user, chain = extension
             base = found.kv
             lookup = await self.cache.get_or_create(
@@ -280,12 +273,24 @@ class RankingService:
             t = time.perf_counter()
             logits = await self._finite_scores(user_id, chain.seq_hash, lookup, cands)
             if logits is None:  # the state is gone: the caller sends its events
-                self.metrics.by_reference["history_required"].inc()
-                raise HistoryRequired(field, since)
+                raise self._history_required(field, since)
             self.metrics.by_reference["extended"].inc()
             timings = {**lookup.timings_ms, "score": _ms(t), "total": _ms(start)}
             n = chain.state().events
             return self._result(logits, lookup.outcome, timings, protocol, chain.seq_hash, n)
+
+    async def _find(self, user_id: str, seq_hash: str) -> Lookup | None:
+        """The entry under exactly ``(user_id, seq_hash)`` in any tier (none: no cache)."""
+        if self.settings.cache_mode == "full":
+            return None
+        return await self.cache.find(self.cache.key(user_id, seq_hash))
+
+    def _history_required(
+        self, field: str, seq_hash: str, why: str | None = None
+    ) -> HistoryRequired:
+        """The 412 for a history by reference that cannot be served, counted."""
+        self.metrics.by_reference["history_required"].inc()
+        return HistoryRequired(field, seq_hash, why)
 
     def _extension(
         self, found: Lookup | None, since: str, events: Mapping[str, Tensor]
