@@ -255,7 +255,7 @@ def envoy_files(cfg: RouterConfig) -> dict[str, str]:
     listeners = [_scoring(cfg, grpc=False), _stats(cfg)]
     clusters = [_cluster(cfg, u, grpc=False) for u in cfg.upstreams]
     if any(u.grpc_endpoints for u in cfg.upstreams):
-        listeners.insert(1, _scoring(cfg, grpc=True))
+        listeners.append(_scoring(cfg, grpc=True))
         clusters += [_cluster(cfg, u, grpc=True) for u in cfg.upstreams]
     resources = {
         "lds.yaml": [_typed("listener.v3.Listener", lst) for lst in listeners],
