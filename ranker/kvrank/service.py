@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -263,12 +264,12 @@ class RankingService:
             if found is None or extension is None:
                 why = None if found is None else f"the entry under {since!r} does not extend"
                 raise self._history_required(field, since, why)
-            user, chain = extension
-            base = found.kv
+            model, user, chain = extension
+            base, total = found.kv, len(chain) - 1  # events in the whole history
             lookup = await self.cache.get_or_create(
                 self.cache.key(user_id, chain.seq_hash),
-                chain.state().events,
-                lambda _: self._extend(base, user, chain),
+                total,
+                lambda _: self._named(self._extended(model, base, user), chain),
             )
             t = time.perf_counter()
             logits = await self._finite_scores(user_id, chain.seq_hash, lookup, cands)
@@ -276,8 +277,7 @@ class RankingService:
                 raise self._history_required(field, since)
             self.metrics.by_reference["extended"].inc()
             timings = {**lookup.timings_ms, "score": _ms(t), "total": _ms(start)}
-            n = chain.state().events
-            return self._result(logits, lookup.outcome, timings, protocol, chain.seq_hash, n)
+            return self._result(logits, lookup.outcome, timings, protocol, chain.seq_hash, total)
 
     async def _find(self, user_id: str, seq_hash: str) -> Lookup | None:
         """The entry under exactly ``(user_id, seq_hash)`` in any tier (none: no cache)."""
@@ -294,31 +294,24 @@ class RankingService:
 
     def _extension(
         self, found: Lookup | None, since: str, events: Mapping[str, Tensor]
-    ) -> tuple[UserInput, SequenceChain] | None:
-        """The events after ``found``'s state as the model's input (the user's columns those
-        of the state) and the chain extended with them; ``None`` when that state cannot be
-        extended: it keeps no chain state, or one that is not ``since``'s, or the model (or
-        the settings) would not extend it exactly. ``InputError`` for bad events."""
+    ) -> tuple[Extendable, UserInput, SequenceChain] | None:
+        """The model that extends, the events after ``found``'s state as its input (the
+        user's columns those of the state) and the chain extended with them; ``None`` when
+        that state cannot be extended: it keeps no chain state, or one that is not
+        ``since``'s, or the model (or the settings) would not extend it exactly.
+        ``InputError`` for bad events."""
         model = self._extender
         if found is None or model is None:
             return None
-        state = _chain_state(found.kv, since, self.features)
-        if state is None:
+        kept = _chain_state(found.kv, since, self.features)
+        if kept is None:
             return None
-        columns = {k: torch.from_numpy(v) for k, v in user_columns(state, self.features).items()}
-        user = UserInput(events, columns)
+        state, columns = kept
+        user = UserInput(events, {k: torch.from_numpy(v) for k, v in columns.items()})
         check_user(self.features, user)
         if not self._may_extend(model, found.kv, len(user)):
             return None
-        return user, extend_chain(state, user, self.features)
-
-    async def _extend(self, kv: UserKV, events: UserInput, chain: SequenceChain) -> Created:
-        t = time.perf_counter()
-        assert self._extender is not None  # checked by _extension
-        extended = await self.runner.run(self._extender.extend_user, kv, events, stage="extend")
-        self.metrics.encodes["incremental"].inc()
-        named = replace(extended, chain_state=chain.state().to_bytes())
-        return Created(named, Outcome.INCREMENTAL, "extend", _ms(t))
+        return model, user, extend_chain(state, user, self.features)
 
     def _observe_interval(self, user_id: str) -> None:
         interval = self.cache.ttl.observe(user_id)
@@ -384,27 +377,36 @@ class RankingService:
     ) -> Created:
         """Extend the cached prefix the cache found (when it may be), else encode it all;
         the state keeps where ``chain`` (the user's) stands, for later extensions by hash."""
-        made = await self._made(user, prefix)
+        return await self._named(self._made(user, prefix), chain)
+
+    @staticmethod
+    async def _named(making: Awaitable[Created], chain: SequenceChain) -> Created:
+        """The state ``making`` makes, keeping where ``chain`` stands after its events."""
+        made = await making
         named = replace(made.kv, chain_state=chain.state().to_bytes())
         return Created(named, made.outcome, made.stage, made.ms)
 
     async def _made(self, user: UserInput, prefix: Prefix | None) -> Created:
-        t = time.perf_counter()
         model = self._extender
         if (
             prefix is not None
             and model is not None
             and self._may_extend(model, prefix.kv, len(user) - prefix.events)
         ):
-            new_events = user.slice(prefix.events)
-            kv = await self.runner.run(model.extend_user, prefix.kv, new_events, stage="extend")
-            self.metrics.encodes["incremental"].inc()
-            return Created(kv, Outcome.INCREMENTAL, "extend", _ms(t))
+            return await self._extended(model, prefix.kv, user.slice(prefix.events))
+        t = time.perf_counter()
         kv = await self.runner.run(
             self.model.encode_user, user, self.settings.kv_dtype, stage="encode"
         )
         self.metrics.encodes["full"].inc()
         return Created(kv, Outcome.MISS, "encode", _ms(t))
+
+    async def _extended(self, model: Extendable, kv: UserKV, events: UserInput) -> Created:
+        """``kv`` extended with ``events`` (the events after it)."""
+        t = time.perf_counter()
+        extended = await self.runner.run(model.extend_user, kv, events, stage="extend")
+        self.metrics.encodes["incremental"].inc()
+        return Created(extended, Outcome.INCREMENTAL, "extend", _ms(t))
 
     def _may_extend(self, model: Extendable, kv: UserKV, n_new: int) -> bool:
         mode = self.settings.incremental
@@ -426,14 +428,17 @@ class RankingService:
         return ScoreResult(logits.sigmoid(), logits, outcome, timings, seq_hash, events)
 
 
-def _chain_state(kv: UserKV, since: str, spec: FeatureSpec) -> ChainState | None:
-    """The chain state ``kv`` keeps, when it is the one of hash ``since`` and fits ``spec``."""
+def _chain_state(
+    kv: UserKV, since: str, spec: FeatureSpec
+) -> tuple[ChainState, dict[str, np.ndarray]] | None:
+    """The chain state ``kv`` keeps and the user columns it holds, when it is the one of hash
+    ``since`` and fits ``spec``."""
     try:
         state = ChainState.from_bytes(kv.chain_state)
-        user_columns(state, spec)
+        columns = user_columns(state, spec)
     except ValueError:
         return None
-    return state if state.seq_hash() == since else None
+    return (state, columns) if state.seq_hash() == since else None
 
 
 def _ms(start: float) -> float:
