@@ -193,7 +193,8 @@ class ModelInputs:
     seq_hash: str | None
     """The history by reference (``None``: sent whole, in ``user``)."""
     seq_hash_from: str
-    """Where ``seq_hash`` came from: the ``seq_hash`` input or the ``If-Match`` header."""
+    """Where the hash (``seq_hash`` or ``since``) came from: the input or field that named
+    it, or the ``If-Match`` header."""
     user: UserInput | None
     candidates: CandidateInput
     since: str | None = None
@@ -218,8 +219,8 @@ def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> 
         if seq_hash is not None:
             raise InputError(seq_hash_from, f"must be left out when {EVENTS_SINCE} is sent")
     groups: dict[str, dict[str, torch.Tensor]] = {"events": {}, "user": {}, "candidates": {}}
+    named_by = seq_hash_from if seq_hash is not None else EVENTS_SINCE
     for name, col, group in _columns(spec):
-        named_by = seq_hash_from if seq_hash is not None else EVENTS_SINCE
         if (seq_hash is not None and group != "candidates") or (since and group == "user"):
             if name in values:
                 raise InputError(name, f"must be left out when {named_by} names the history")
@@ -235,7 +236,7 @@ def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> 
     _within_limits(spec, groups)
     cands = CandidateInput(groups["candidates"])
     if since is not None:
-        return ModelInputs(user_id, None, seq_hash_from, None, cands, since, groups["events"])
+        return ModelInputs(user_id, None, EVENTS_SINCE, None, cands, since, groups["events"])
     user = None if seq_hash else UserInput(groups["events"], groups["user"])
     return ModelInputs(user_id, seq_hash, seq_hash_from, user, cands)
 

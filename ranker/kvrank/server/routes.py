@@ -25,7 +25,7 @@ from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
-from kvrank.server.oip import EVENTS_SINCE, ModelInputs
+from kvrank.server.oip import ModelInputs
 from kvrank.server.schemas import (
     IF_MATCH,
     USER_ID_MAX,
@@ -94,11 +94,12 @@ def model_refusal(state: AppState, name: str, version: str | None) -> tuple[int,
 async def score_inputs(
     svc: RankingService, inputs: ModelInputs, deadline: Deadline | None, protocol: str
 ) -> ScoreResult:
-    """Score an inference request's inputs: by reference when they name a sequence hash."""
+    """Score a request's inputs, whatever protocol brought them: by reference when they
+    name a sequence hash, extended when they name the events since one, else whole."""
     user_id, cands = inputs.user_id, inputs.candidates
     if inputs.since is not None and inputs.events is not None:
         return await svc.score_since(
-            user_id, inputs.since, inputs.events, cands, deadline, protocol, EVENTS_SINCE
+            user_id, inputs.since, inputs.events, cands, deadline, protocol, inputs.seq_hash_from
         )
     if inputs.seq_hash is not None:
         return await svc.score_by_reference(
@@ -168,10 +169,10 @@ async def score(request: Request, state: State) -> Response:
     body = _parse(state.request_model, state.request_strict, raw)
     user_id, access = _user_of(request, state, body)
     header = if_match(request.headers.get(IF_MATCH))
-    seq_hash = by_reference(body, svc.features, header)
-    whole = seq_hash is None and body.events_since is None
+    inputs = _inputs(body, user_id, by_reference(body, svc.features, header), header, svc)
+    whole = inputs.user is not None
     async with _caller_watched(request, deadline):
-        result = await _scored(svc, body, user_id, (seq_hash, header), deadline)
+        result = await score_inputs(svc, inputs, deadline, "json")
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()
     if state.shadow is not None and whole and SHADOW_HEADER not in request.headers:
@@ -193,25 +194,20 @@ async def score(request: Request, state: State) -> Response:
     return Response(answer.model_dump_json(), media_type="application/json", headers=tag)
 
 
-async def _scored(
-    svc: RankingService,
-    body: Any,
-    user_id: str,
-    reference: tuple[str | None, str | None],
-    deadline: Deadline,
-) -> ScoreResult:
-    """A scoring body's scores, by the form its history came in: whole, by reference
-    (``reference``: the hash, and the ``If-Match`` header's if it came so) or as the events
-    since a hash."""
-    seq_hash, header = reference
+def _inputs(
+    body: Any, user_id: str, seq_hash: str | None, header: str | None, svc: RankingService
+) -> ModelInputs:
+    """A scoring body as the service's inputs, by the form its history came in: whole, by
+    reference (``seq_hash``; ``header``: the ``If-Match`` header's, if it came so) or as the
+    events since a hash."""
     cands = to_candidates(body, svc.features)
     if body.events_since is not None:
         since, events = to_events_since(body, svc.features)
-        return await svc.score_since(user_id, since, events, cands, deadline)
+        return ModelInputs(user_id, None, "events_since.seq_hash", None, cands, since, events)
     if seq_hash is None:
-        return await svc.score(user_id, to_user(body, svc.features), cands, deadline)
+        return ModelInputs(user_id, None, "seq_hash", to_user(body, svc.features), cands)
     field = IF_MATCH if header is not None else "seq_hash"
-    return await svc.score_by_reference(user_id, seq_hash, cands, deadline, field)
+    return ModelInputs(user_id, seq_hash, field, None, cands)
 
 
 @router.post(PREFETCH_ROUTE, status_code=202, response_model=PrefetchResponse)
