@@ -208,8 +208,11 @@ def by_reference(body: RequestBody, spec: FeatureSpec, if_match: str | None) -> 
     ``seq_hash``), or ``None`` when it sends its events; ``InputError`` naming the field
     when the two forms are mixed or neither is there."""
     seq_hash: str | None = body.seq_hash
+    users = tuple(c.name for c in spec.user)
     if body.events_since is not None:
-        _alone(body, spec, "events_since", if_match)
+        if if_match is not None:
+            raise HeaderError(IF_MATCH, "must be left out when events_since names the history")
+        _left_out(body, ("events", "seq_hash", *users), "events_since")
         return None
     if if_match is not None:
         if seq_hash is not None and seq_hash != if_match:
@@ -219,20 +222,14 @@ def by_reference(body: RequestBody, spec: FeatureSpec, if_match: str | None) -> 
         if body.events is None:
             raise InputError("events", "required unless seq_hash (or If-Match) names the history")
         return None
-    field = "seq_hash" if if_match is None else IF_MATCH
-    if body.events is not None:
-        raise InputError("events", f"must be left out when {field} names the history")
-    for c in spec.user:
-        if getattr(body, c.name):
-            raise InputError(c.name, f"must be left out when {field} names the history")
+    _left_out(body, ("events", *users), "seq_hash" if if_match is None else IF_MATCH)
     return seq_hash
 
 
-def _alone(body: RequestBody, spec: FeatureSpec, field: str, if_match: str | None) -> None:
-    """``InputError`` unless ``field`` is the request's only form of its history."""
-    if if_match is not None:
-        raise HeaderError(IF_MATCH, f"must be left out when {field} names the history")
-    for name in ("events", "seq_hash", *(c.name for c in spec.user)):
+def _left_out(body: RequestBody, names: tuple[str, ...], field: str) -> None:
+    """``InputError`` naming the first of ``names`` the body sends beside ``field``, the
+    form its history came in."""
+    for name in names:
         if getattr(body, name):
             raise InputError(name, f"must be left out when {field} names the history")
 
