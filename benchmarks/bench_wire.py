@@ -52,9 +52,10 @@ from kvrank.model.config import PRODUCTION
 from kvrank.model.features import example_candidates, example_user
 from kvrank.model.onetrans import feature_spec
 from kvrank.model.ranker import RankerModel
-from kvrank.server.oip import HEADER_LENGTH, pack_strings
+from kvrank.server.oip import HEADER_LENGTH
 from kvrank.server.oip import tensors as oip_tensors
 from kvrank.server.schemas import body_for
+from kvrank.tools.callers import grpc_request
 from kvrank.tools.processes import RankerProcess, free_port
 
 LIGHT = PRODUCTION.model_copy(
@@ -119,15 +120,7 @@ def v2_binary(body: dict[str, Any], seq_hash: str | None = None) -> Send:
 def v2_grpc(body: dict[str, Any], seq_hash: str | None = None) -> Send:
     """What ``tritonclient.grpc`` sends for ``body``: a ``ModelInferRequest`` with raw
     contents (its bytes are what goes on the wire, less HTTP/2's framing)."""
-    request = pb.ModelInferRequest(model_name="ranker")
-    for name, kind, array in oip_tensors(feature_spec(LIGHT), body, seq_hash):
-        request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
-        if kind == "BYTES":
-            raw = pack_strings(array.ravel())
-        else:
-            raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-        request.raw_input_contents.append(raw)
-    return Send(GRPC, request.SerializeToString(), {})
+    return Send(GRPC, grpc_request(oip_tensors(feature_spec(LIGHT), body, seq_hash)), {})
 
 
 SCORE_SUM = "kvrank_stage_seconds_sum"

@@ -75,11 +75,7 @@ def encode(body: dict[str, Any], protocol: str, spec: FeatureSpec | None = None)
         raise ValueError(f"{protocol} needs the model's features to name its tensors")
     arrays = tensors(spec, body)
     if protocol == "v2-grpc":
-        request = pb.ModelInferRequest(model_name=MODEL_NAME)
-        for name, kind, array in arrays:
-            request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
-            request.raw_input_contents.append(_raw(kind, array))
-        return Encoded(request.SerializeToString())
+        return Encoded(grpc_request(arrays))
     if protocol == "v2-http":
         inputs, blobs = [], []
         for name, kind, array in arrays:
@@ -93,6 +89,16 @@ def encode(body: dict[str, Any], protocol: str, spec: FeatureSpec | None = None)
         head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
         return Encoded(head + b"".join(blobs), {HEADER_LENGTH: str(len(head))})
     raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+
+
+def grpc_request(arrays: list[tuple[str, str, np.ndarray]]) -> bytes:
+    """A ``ModelInferRequest`` of the ``(name, datatype, values)`` tensors with raw
+    contents, serialized: what ``tritonclient.grpc`` sends."""
+    request = pb.ModelInferRequest(model_name=MODEL_NAME)
+    for name, kind, array in arrays:
+        request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
+        request.raw_input_contents.append(_raw(kind, array))
+    return bytes(request.SerializeToString())
 
 
 def _raw(kind: str, array: np.ndarray) -> bytes:
