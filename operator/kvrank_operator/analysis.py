@@ -249,6 +249,8 @@ def _add_prometheus(c: Counts, key: str, labels: dict[str, str], value: float) -
     if key == "requests":
         _add(c, REQUESTS_METRIC, labels, value)
     elif key == "responses":
+        # the query kept the scoring routes only (SCORE_ROUTES) and summed them: any one of
+        # those routes stands for them here
         _add(c, RESPONSES_METRIC, {**labels, "route": "/v1/score"}, value)
     elif key == "shadow":
         _add(c, SHADOW_METRIC, labels, value)
