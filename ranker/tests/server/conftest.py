@@ -56,12 +56,6 @@ def make_client(artifact) -> Iterator[Callable[..., TestClient]]:
         c.__exit__(None, None, None)
 
 
-def settle(client: TestClient) -> None:
-    """Wait until the entries an in-process server created have reached L2: they are
-    written behind the answers, so a test that reads L2 right after one waits for them."""
-    client.portal.call(client.app.state.kvrank.service.cache.flush)
-
-
 @pytest.fixture
 def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., RankerProcess]]:
     servers: list[RankerProcess] = []

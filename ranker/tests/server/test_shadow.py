@@ -9,9 +9,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import SERVER_CFG
 
 from kvrank.model.artifact import save_model
+from kvrank.model.config import TINY  # the model the conftest serves
 from kvrank.server.shadow import compare
 from kvrank.tools.processes import RankerProcess, free_port
 
@@ -68,7 +68,7 @@ def test_a_canary_with_other_weights_is_seen_to_drift(
     spawn_server, request_for, factory, tmp_path
 ) -> None:
     other = tmp_path / "other"
-    save_model(factory.model(SERVER_CFG, seed=11, version="v1"), other)
+    save_model(factory.model(TINY, seed=11, version="v1"), other)
     canary = RankerProcess.start(other, tmp_path, "--namespace", "v-canary")
     try:
         stable = spawn_server(env=shadowing(canary.url))

@@ -8,12 +8,18 @@ import asyncio
 import httpx
 import pytest
 import torch
-from conftest import settle
+from fastapi.testclient import TestClient
 
 from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import load_model
 
 pytestmark = pytest.mark.redis
+
+
+def settle(client: TestClient) -> None:
+    """Wait until the entries an in-process server created have reached L2: they are
+    written behind the answers, so a test that reads L2 right after one waits for them."""
+    client.portal.call(client.app.state.kvrank.service.cache.flush)
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ import msgspec
 import pytest
 import schemathesis
 import torch
-from conftest import SERVER_CFG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_plugins import SASREC_SMALL
 from pydantic import ValidationError
 
 from kvrank.errors import InputError
+from kvrank.model.config import TINY  # the model the conftest serves
 from kvrank.model.contract import FeatureSpec
 from kvrank.model.features import example_candidates, example_user
 from kvrank.model.onetrans import feature_spec
@@ -31,7 +31,7 @@ from kvrank.server.schemas import (
     to_user,
 )
 
-SPEC = feature_spec(SERVER_CFG)
+SPEC = feature_spec(TINY)
 
 ODD = [
     "3",
