@@ -22,7 +22,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind
 
 help: ## List the targets
@@ -163,6 +163,10 @@ bench-overload-front: venv ## One ranker under a 4x spike, alone and behind a qu
 bench-wire: venv ## A production-size L1 hit with its history as JSON and by reference, side by side: reports/bench-wire.json
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_wire.py --json reports/bench-wire.json \
 	  $(if $(WIRE_BASELINE),--baseline $(WIRE_BASELINE))
+
+bench-batching: venv ## One ranker under 32 callers: one request per pass, a 2 ms window, continuous batching, side by side: reports/bench-batching.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_batching.py --json reports/bench-batching.json \
+	  $(if $(BATCH_BASELINE),--baseline $(BATCH_BASELINE))
 
 bench-cuda: venv ## Every GPU measurement in one go (minutes on one GPU): reports/cuda/*.json
 	PYTHON=$(VENV)/bin/python bash benchmarks/cuda.sh reports/cuda

@@ -28,6 +28,7 @@ from kvrank.admission import ABANDON_REASONS, ABANDON_STAGES, SHED_REASONS, Admi
 from kvrank.cache import CONSTANT_LABELS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 """Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
@@ -106,6 +107,13 @@ class Metrics:
             "Wait of each piece of model work for the model thread",
             names,
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(*values)
+        self.batch_requests = Histogram(
+            "kvrank_batch_requests",
+            "Requests each scoring pass scored (continuous batching: those queued together)",
+            names,
+            buckets=BATCH_BUCKETS,
             registry=r,
         ).labels(*values)
         self._requests(names, values)

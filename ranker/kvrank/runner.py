@@ -1,4 +1,4 @@
-"""Where model work runs: one dedicated thread, and optional micro-batching of scores.
+"""Where model work runs: one dedicated thread, scoring queued requests together.
 
 The event loop must keep serving I/O (cache reads, other requests) while the model
 computes, so every model call goes through :meth:`ModelRunner.run` onto a single worker
@@ -7,16 +7,23 @@ thread (one at a time: a GPU gains nothing from two). That thread is the process
 the thread that starts a parallel region, and a second such thread makes libgomp throttle
 its spin-waiting once the pools outnumber the cores, which slows every parallel region
 (a quick-size score on 2 cores: 10 ms on one thread, 17 ms once another had run torch).
-With a micro-batching window, the ``score`` calls that arrive within it are scored in one
-pass (pays off on GPUs; off by default) when the model can (``score_many``).
+
+**Continuous batching**: when the thread takes a score and more scores are queued behind
+it, they run as one pass (the model's ``score_many``), up to ``batch_max`` requests and
+``batch_rows`` padded candidate rows — nobody waits for a batch to fill: what queued while
+the previous pass ran is the batch, so an idle server scores each request alone at once and
+a busy one in as few passes as its queue allows. A window (``microbatch_s``) can hold each
+score back a little longer for others to join. A pass that fails is retried one request at
+a time, so one request's bad input fails that request only. Models without ``score_many``
+score one request at a time.
 
 Each piece of work names its stage; as the thread picks it up it is dropped if the request
 it serves (the current :class:`~kvrank.admission.Ticket`) is no longer waited for, and the
 time it took is added to that request's model time (what admission control estimates waits
-from). Scoring goes before user encodes: a request whose K/V is made is finished first, so
-under a queue of misses its score does not wait behind every encode admitted after it
-(which would double every admitted request's latency). This module knows nothing of
-caching.
+from; a pass's time is shared by its requests). Scoring goes before user encodes: a request
+whose K/V is made is finished first, so under a queue of misses its score does not wait
+behind every encode admitted after it (which would double every admitted request's
+latency). This module knows nothing of caching.
 """
 
 from __future__ import annotations
@@ -41,8 +48,15 @@ R = TypeVar("R")
 COST_DECAY = 0.9
 """Weight of the past in each kind of work's mean duration (about 7 pieces' half-life)."""
 _MODEL_THREAD: ThreadPoolExecutor | None = None
-FIRST = ("score", "score_many")
-"""The kinds of work that finish a request: run before any other queued work."""
+SCORE = "score"
+"""The kind of work that finishes a request: run before any other queued work."""
+BATCH_ROWS = {"cpu": 512, "cuda": 16_384}
+"""Padded candidate rows one scoring pass takes at most, by device type (others: the
+CPU's). A CPU pass of a few hundred rows already keeps the cores busy, and a larger one
+outgrows their caches (a quick-size pass of 8 users × 100 candidates took longer per
+request than the users one by one); a GPU pass costs the same ~300 kernel launches at
+1 or 100 users, so it takes as many as memory allows (~6 MB of scores per 1,000 rows
+against a production window)."""
 
 
 def model_thread() -> ThreadPoolExecutor:
@@ -59,18 +73,25 @@ class ModelRunner:
         self,
         model: CacheableRanker,
         microbatch_s: float = 0.0,
-        max_batch: int = 32,
+        batch_max: int = 32,
         on_wait: Callable[[float], None] | None = None,
+        batch_rows: int | None = None,
+        on_pass: Callable[[int], None] | None = None,
     ):
         self.model = model
         self._executor = model_thread()
-        self.batcher = (
-            MicroBatcher(self, model, microbatch_s, max_batch)
-            if microbatch_s > 0 and isinstance(model, BatchScorer)
-            else None
-        )
+        self.batch_max = batch_max if isinstance(model, BatchScorer) else 1
+        """Requests one scoring pass takes at most (1: each request alone)."""
+        self.batch_rows = batch_rows or BATCH_ROWS.get(model.device.type, BATCH_ROWS["cpu"])
+        """Padded candidate rows (requests × the most candidates of one) a pass takes at
+        most; a request with more scores alone."""
+        self.window = MicroBatcher(self, microbatch_s) if microbatch_s > 0 else None
         self.on_wait = on_wait
         """Called on the model thread with each piece of work's wait for it (seconds)."""
+        self.on_pass = on_pass
+        """Called on the model thread with the requests each scoring pass scored."""
+        self.passes = 0
+        """Scoring passes run so far (each scores one or more requests; model thread)."""
         # each counter written by one thread only: the event loop, or the model thread
         self._queued_in_s = self._queued_out_s = 0.0
         self._cost_s: dict[str, float] = {}
@@ -93,64 +114,129 @@ class ModelRunner:
         """Run ``fn(*args)`` on the model thread; with a ``stage``, for the current request
         (dropped there if nobody waits for it any more)."""
         ticket = current_ticket() if stage is not None else None
-        return await self.submit(fn, args, [ticket] if ticket else [], stage)
-
-    async def submit(
-        self,
-        fn: Callable[..., R],
-        args: tuple[Any, ...],
-        tickets: list[Ticket],
-        check: str | None = None,
-    ) -> R:
-        """``fn(*args)`` on the model thread for the requests of ``tickets``, each charged a
-        share of its time; with ``check`` (the stage), dropped as it starts if any of them
-        is no longer waited for."""
-        kind = getattr(fn, "__name__", "work")
-        job = _Job(
-            (kind not in FIRST, next(self._order)),
-            lambda: fn(*args),
-            kind,
-            self._cost_s.get(kind, 0.0),
-            tickets,
-            check,
-        )
-        with self._lock:
-            heapq.heappush(self._pending, job)
-        self._queued_in_s += job.expected_s
-        # one turn of the thread per job: each turn runs the most urgent job pending then
-        self._executor.submit(self._turn)
+        job = self._job(lambda: fn(*args), getattr(fn, "__name__", "work"), ticket, stage)
+        self._push([job])
         return await asyncio.wrap_future(job.done)  # type: ignore[no-any-return]
 
-    def _turn(self) -> None:
-        """On the model thread: run the most urgent pending job."""
+    async def score(self, kv: UserKV, cands: CandidateInput) -> Tensor:
+        """Logits of ``cands`` against a user's K/V, in one pass with the scores queued
+        beside it (after the window, when one is set)."""
+        if self.window is not None:
+            return await self.window.score(kv, cands)
+        job = self._score_job(kv, cands, current_ticket())
+        self._push([job])
+        return await asyncio.wrap_future(job.done)  # type: ignore[no-any-return]
+
+    def _score_job(self, kv: UserKV, cands: CandidateInput, ticket: Ticket | None) -> _Job:
+        job = self._job(lambda: self.model.score(kv, cands), SCORE, ticket, SCORE)
+        job.scoring = (kv, cands)
+        return job
+
+    def _job(
+        self, fn: Callable[[], Any], kind: str, ticket: Ticket | None, check: str | None
+    ) -> _Job:
+        return _Job(
+            (kind != SCORE, next(self._order)),
+            fn,
+            kind,
+            self._cost_s.get(kind, 0.0),
+            [ticket] if ticket is not None else [],
+            check,
+        )
+
+    def _push(self, jobs: list[_Job]) -> None:
+        """Queue ``jobs`` together (a batch's requests stay next to each other)."""
         with self._lock:
-            job = heapq.heappop(self._pending)
+            for job in jobs:
+                heapq.heappush(self._pending, job)
+        for job in jobs:
+            self._queued_in_s += job.expected_s
+            # one turn of the thread per job: each turn runs the most urgent work pending
+            # then (a turn that finds its job taken into an earlier batch has nothing to do)
+            self._executor.submit(self._turn)
+
+    def _take(self) -> list[_Job]:
+        """The most urgent pending job; when it is a score, with the scores queued behind it
+        that fit in one pass."""
+        with self._lock:
+            if not self._pending:
+                return []
+            jobs = [heapq.heappop(self._pending)]
+            widest = len(jobs[0].scoring[1]) if jobs[0].scoring else 0
+            while jobs[0].scoring and self._pending and len(jobs) < self.batch_max:
+                after = self._pending[0].scoring
+                if after is None or max(widest, len(after[1])) * (len(jobs) + 1) > self.batch_rows:
+                    break
+                widest = max(widest, len(after[1]))
+                jobs.append(heapq.heappop(self._pending))
+        return jobs
+
+    def _turn(self) -> None:
+        """On the model thread: run the most urgent pending work."""
+        taken = self._take()
         started = time.perf_counter()
+        jobs = [job for job in taken if self._start(job, started)]
+        if not jobs:
+            return
+        outcomes = self._outcomes(jobs)
+        took = time.perf_counter() - started
+        for job in jobs:  # each job of a pass cost its share of the pass
+            before = self._cost_s.get(job.kind)
+            share = took / len(jobs)
+            self._cost_s[job.kind] = (
+                share if before is None else COST_DECAY * before + (1 - COST_DECAY) * share
+            )
+        tickets = [ticket for job in jobs for ticket in job.tickets]
+        for ticket in tickets:
+            ticket.model_s += took / len(tickets)
+        for job, (result, error) in zip(jobs, outcomes, strict=True):
+            if error is None:
+                job.done.set_result(result)
+            else:
+                job.done.set_exception(error)
+
+    def _start(self, job: _Job, started: float) -> bool:
+        """Start ``job`` unless nobody waits for it any more (its waiter hears why)."""
         self._queued_out_s += job.expected_s
         if self.on_wait is not None:
             self.on_wait(started - job.submitted)
         if not job.done.set_running_or_notify_cancel():
-            return
+            return False
         try:
             if job.check is not None:
                 for ticket in job.tickets:
                     ticket.check(job.check, job.expected_s)
-            job.done.set_result(job.fn())
         except BaseException as exc:  # the caller's to hear, as run_in_executor does
             job.done.set_exception(exc)
-            return
-        took = time.perf_counter() - started
-        before = self._cost_s.get(job.kind)
-        mean = took if before is None else COST_DECAY * before + (1 - COST_DECAY) * took
-        self._cost_s[job.kind] = mean
-        for ticket in job.tickets:
-            ticket.model_s += took / len(job.tickets)
+            return False
+        return True
 
-    async def score(self, kv: UserKV, cands: CandidateInput) -> Tensor:
-        """Logits of ``cands`` against a user's K/V (micro-batched when a window is set)."""
-        if self.batcher is not None:
-            return await self.batcher.score(kv, cands)
-        return await self.run(self.model.score, kv, cands, stage="score")
+    def _outcomes(self, jobs: list[_Job]) -> list[tuple[Any, BaseException | None]]:
+        """Each job's result or error: several scores in one pass when they can, else (or
+        when that pass fails) one at a time."""
+        if len(jobs) > 1:
+            assert isinstance(self.model, BatchScorer)
+            try:
+                results = self.model.score_many([job.scoring for job in jobs])  # type: ignore[misc]
+            except Exception:
+                pass  # one request's input may fail the pass: each alone, below
+            else:
+                self._passed(len(jobs))
+                return [(result, None) for result in results]
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        for job in jobs:
+            if job.kind == SCORE:
+                self._passed(1)
+            try:
+                outcomes.append((job.fn(), None))
+            except BaseException as exc:  # the caller's to hear, as run_in_executor does
+                outcomes.append((None, exc))
+        return outcomes
+
+    def _passed(self, requests: int) -> None:
+        self.passes += 1
+        if self.on_pass is not None:
+            self.on_pass(requests)
 
     def close(self) -> None:
         """Wait for the model work submitted so far (the thread itself is the process's)."""
@@ -158,54 +244,32 @@ class ModelRunner:
 
 
 class MicroBatcher:
-    """Collects concurrent ``score`` calls for a short window and runs them as one batch."""
+    """Holds each score back for a window, then queues those that arrived in it together
+    (they share passes as any queued scores do)."""
 
-    def __init__(
-        self, runner: ModelRunner, model: BatchScorer, window_s: float, max_batch: int
-    ) -> None:
+    def __init__(self, runner: ModelRunner, window_s: float) -> None:
         self.runner = runner
-        self.model = model
         self.window_s = window_s
-        self.max_batch = max_batch
-        self._pending: list[_Pending] = []
+        self._held: list[_Job] = []
         self._flush: asyncio.Task[None] | None = None
-        self.batches = 0
-        """Passes run so far (each scores one or more requests)."""
 
     async def score(self, kv: UserKV, cands: CandidateInput) -> Tensor:
-        fut: asyncio.Future[Tensor] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(kv, cands, fut, current_ticket()))
-        if len(self._pending) >= self.max_batch:
-            await self._run()
+        job = self.runner._score_job(kv, cands, current_ticket())
+        self._held.append(job)
+        if len(self._held) >= self.runner.batch_max:
+            self._queue()
         elif self._flush is None:
             self._flush = asyncio.create_task(self._after_window())
-        return await fut
+        return await asyncio.wrap_future(job.done)  # type: ignore[no-any-return]
 
     async def _after_window(self) -> None:
         await asyncio.sleep(self.window_s)
         self._flush = None
-        await self._run()
+        self._queue()
 
-    async def _run(self) -> None:
-        batch = [p for p in self._pending if not p.dropped()]  # the rest: nobody waits
-        self._pending = []
-        if not batch:
-            return
-        self.batches += 1
-        tickets = [p.ticket for p in batch if p.ticket is not None]
-        try:
-            requests = [(p.kv, p.cands) for p in batch]
-            # each request's drop check ran above: the batch runs for those still wanted,
-            # and each of their tickets is charged a share of its time
-            results = await self.runner.submit(self.model.score_many, (requests,), tickets)
-        except Exception as exc:
-            for p in batch:
-                if not p.fut.done():
-                    p.fut.set_exception(exc)
-            return
-        for p, logits in zip(batch, results, strict=True):
-            if not p.fut.done():
-                p.fut.set_result(logits)
+    def _queue(self) -> None:
+        held, self._held = self._held, []
+        self.runner._push(held)
 
 
 @dataclass(order=True)
@@ -219,26 +283,7 @@ class _Job:
     expected_s: float = field(compare=False)
     tickets: list[Ticket] = field(compare=False)
     check: str | None = field(compare=False)
+    scoring: tuple[UserKV, CandidateInput] | None = field(default=None, compare=False)
+    """A score's user K/V and candidates: what a pass with other scores takes."""
     submitted: float = field(default_factory=time.perf_counter, compare=False)
     done: Future[Any] = field(default_factory=Future, compare=False)
-
-
-@dataclass
-class _Pending:
-    """A score waiting for its micro-batch."""
-
-    kv: UserKV
-    cands: CandidateInput
-    fut: asyncio.Future[Tensor]
-    ticket: Ticket | None
-
-    def dropped(self) -> bool:
-        """Fail the waiter and say so when its request is no longer waited for."""
-        if self.ticket is None:
-            return False
-        try:
-            self.ticket.check("score")
-        except Exception as exc:
-            self.fut.set_exception(exc)
-            return True
-        return False

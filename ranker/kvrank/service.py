@@ -76,11 +76,17 @@ class ServiceSettings(Protocol):
     def refresh_every(self) -> int: ...
     @property
     def microbatch_ms(self) -> float:
-        """> 0: collect concurrent requests for up to this long and score them in one pass
-        (pays off on GPUs; off by default)."""
+        """> 0: hold each score back this long for others to join its pass."""
 
     @property
-    def microbatch_max(self) -> int: ...
+    def microbatch_max(self) -> int:
+        """Requests one scoring pass takes at most: the scores queued while the model is
+        busy share a pass (continuous batching; 1: each alone)."""
+
+    @property
+    def microbatch_rows(self) -> int:
+        """Padded candidate rows one pass takes at most (0: the device's default)."""
+
     @property
     def admission(self) -> AdmissionSettings: ...
     @property
@@ -119,6 +125,8 @@ class RankingService:
             settings.microbatch_ms / 1e3,
             settings.microbatch_max,
             on_wait=metrics.queue_wait.observe,
+            batch_rows=settings.microbatch_rows or None,
+            on_pass=metrics.batch_requests.observe,
         )
         self.admission = Admission(settings.admission, self.runner.queued_work_s)
         metrics.watch_admission(self.admission, lambda: self.runner.queue_depth)

@@ -134,8 +134,23 @@ class ServerConfig(BaseSettings):
         " 32) per request.",
     )
     lock_wait_ms: float = Field(LOCK_WAIT_S * 1e3, ge=0, le=1000)
-    microbatch_ms: float = Field(0.0, ge=0, le=100, description="0: micro-batching off.")
-    microbatch_max: int = Field(32, ge=1, le=1024, description="Requests in one micro-batch.")
+    microbatch_ms: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Hold each score back this long for others to join its pass (0: none;"
+        " the scores queued while the model is busy share a pass anyway).",
+    )
+    microbatch_max: int = Field(
+        32, ge=1, le=1024, description="Requests one scoring pass takes at most (1: each alone)."
+    )
+    microbatch_rows: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Padded candidate rows (requests × their most candidates) one scoring pass"
+        " takes at most; 0: by device (512 on a CPU, 16,384 on a GPU).",
+    )
     incremental: Literal["exact", "approximate", "off"] = Field(
         "exact",
         description="exact: extend a cached user only when it equals a full encode, else"

@@ -96,7 +96,7 @@ def _check(cfg: ServerConfig, model: CacheableRanker, local: Path) -> None:
     plan = CheckPlan(
         thorough=False,  # the shapes that matter; `kvrank check-model` tries them all
         kv_dtypes=(cfg.kv_dtype,) if cfg.kv_dtype else (),
-        score_many=cfg.microbatch_ms > 0,
+        score_many=cfg.microbatch_max > 1,
         extend=cfg.incremental != "off",
         golden=load_golden(local, model.features),
     )
