@@ -535,7 +535,7 @@ REDIS = _obj(
 
 CACHE = _obj(
     {
-        "l1Bytes": {"type": "integer", "minimum": 0, "default": CacheSpec.l1_bytes},
+        "l1Bytes": {"type": "integer", "minimum": 0},
         "hostBytes": {
             "type": "integer",
             "minimum": 0,

@@ -74,7 +74,9 @@ DESCRIPTIONS: dict[str, str] = {
     " (pods) or Prometheus.",
     "spec.canary.analysis.source.type": "pods (default) or prometheus (then prometheus.url).",
     "spec.cache": "The user-side K/V cache: the pods' own (L1) and Redis (L2), shared by all.",
-    "spec.cache.l1Bytes": "Bytes of entries each pod keeps on its device (L1); 0 turns L1 off.",
+    "spec.cache.l1Bytes": "Bytes of entries each pod keeps on its device (L1); 0 turns L1 off."
+    " Unset: half of the GPU's memory free once the model is loaded (512 MiB on a CPU); each"
+    " pod reports its budget in /readyz and kvrank_l1_budget_bytes.",
     "spec.cache.kvDtype": "How entries are stored: bf16/fp16 halve fp32's bytes, int8 quarters"
     " them (a small, measured score change: docs/benchmarks.md).",
     "spec.cache.redis": "The shared L2 cache: a Redis Cluster the operator runs (managed) or"

@@ -243,7 +243,8 @@ class RedisSpec:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    l1_bytes: int = 512 * 2**20
+    l1_bytes: int | None = None
+    """The rankers' L1 budget; ``None``: theirs by device (half a GPU's free memory)."""
     kv_dtype: str = "bf16"
     redis: RedisSpec = field(default_factory=RedisSpec)
     retired_namespace_grace_seconds: int = 300
@@ -712,7 +713,7 @@ def _cache(c: dict[str, Any], image: str) -> CacheSpec:
     if redis.tls_secret and not (mode == "managed" and redis.tls):
         raise SpecError("cache.redis.tlsSecretName", "is only for a managed Redis with tls: true")
     return CacheSpec(
-        int(c.get("l1Bytes", CacheSpec.l1_bytes)),
+        int(c["l1Bytes"]) if c.get("l1Bytes") is not None else None,
         c.get("kvDtype", CacheSpec.kv_dtype),
         redis,
         int(c.get("retiredNamespaceGraceSeconds", CacheSpec.retired_namespace_grace_seconds)),

@@ -58,13 +58,14 @@ def ranker_config(spec: RankerSpec, instance: str, namespace: str, ttl_s: float 
         # its own CA, its nodes announce pod IPs: see kvrank_operator.certs
         redis.update(tls_ca_file=TLS_CA_FILE, tls_check_hostname=False)
     fixed = spec.ttl.fixed_seconds if spec.ttl.mode == "fixed" else ttl_s
-    doc = {
-        "l1_bytes": spec.cache.l1_bytes,
+    doc: dict[str, Any] = {
         "kv_dtype": spec.cache.kv_dtype,
         "entry_secret_file": ENTRY_SECRET_FILE,
         "redis": redis,
         "ttl": spec.ttl.ranker_settings(fixed),
     }
+    if spec.cache.l1_bytes is not None:  # unset: each pod sizes it from its device
+        doc["l1_bytes"] = spec.cache.l1_bytes
     if spec.cache.host_bytes:  # only when set: an unchanged spec keeps an unchanged file
         doc["host_bytes"] = spec.cache.host_bytes
     if spec.routing.header != ROUTING_HEADER:  # the rankers check the header routed by

@@ -100,6 +100,7 @@ class CacheCollector(Collector):
     def _l1(self) -> Iterator[Metric]:
         l1 = self.l1
         yield self._gauge("kvrank_l1_bytes", "Bytes held by L1", l1.nbytes)
+        yield self._gauge("kvrank_l1_budget_bytes", "Bytes L1 may hold", l1.budget_bytes)
         yield self._gauge("kvrank_l1_entries", "Entries held by L1", len(l1))
         yield self._counter("kvrank_l1_evictions", "L1 evictions", l1.stats.evictions)
         host = self.host

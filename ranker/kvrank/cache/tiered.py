@@ -183,6 +183,12 @@ class TieredCache:
         self.codec = EntryCodec(identity, s.secrets, s.device)
         self._writes: set[asyncio.Task[None]] = set()
 
+    @property
+    def l1_budget_bytes(self) -> int:
+        """What L1 may hold (0 without one)."""
+        l1 = next((t.store for t in self.tiers if t.outcome == Outcome.L1), None)
+        return int(getattr(l1, "budget_bytes", 0))
+
     def set_secrets(self, secrets: Sequence[bytes]) -> None:
         """The entry secrets from now on (a rotation step): the first seals new entries, any
         opens; an entry being sealed or opened meanwhile uses the ones it started with."""

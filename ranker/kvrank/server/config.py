@@ -33,8 +33,6 @@ from kvrank.server.shadow import ShadowConfig
 ENV_PREFIX = "KVRANK_"
 ROUTING_HEADER = "X-KVRank-User"
 """Where callers put the user id for a proxy to hash (``routing_header``'s default)."""
-L1_BYTES_DEFAULT = 512 * 2**20
-"""Half a GiB of device memory: room for ~58 bf16 entries of the production-size model (9.2 MB)."""
 
 
 class RedisConfig(BaseModel):
@@ -119,7 +117,13 @@ class ServerConfig(BaseSettings):
         None, exclude=True, description="From KVRANK_ENTRY_SECRET only (never the file)."
     )
     kv_dtype: KVDType | None = None
-    l1_bytes: int = Field(L1_BYTES_DEFAULT, ge=0)
+    l1_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Bytes of entries L1 keeps on the serving device (0: none); unset: half"
+        " of a GPU's memory free once the model is loaded, 512 MiB on a CPU. The budget in"
+        " force is in /readyz and kvrank_l1_budget_bytes.",
+    )
     host_bytes: int = Field(
         0,
         ge=0,

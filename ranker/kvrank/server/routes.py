@@ -237,7 +237,12 @@ async def readyz(state: State) -> JSONResponse:
         return JSONResponse({"status": "starting"}, status_code=503)
     model = state.started.model
     return JSONResponse(
-        {"status": "ready", "model_version": model.version, "device": str(model.device)}
+        {
+            "status": "ready",
+            "model_version": model.version,
+            "device": str(model.device),
+            "l1_budget_bytes": state.started.cache.l1_budget_bytes,
+        }
     )
 
 

@@ -29,7 +29,7 @@ from kvrank.metrics import Metrics
 from kvrank.model.artifact import artifact_digest, load_ranker, resolve_artifact
 from kvrank.model.checks import CheckPlan, check_model
 from kvrank.model.contract import CacheableRanker
-from kvrank.model.device import resolve_device
+from kvrank.model.device import l1_budget, resolve_device
 from kvrank.model.golden import load_golden
 from kvrank.model.kv import TORCH_DTYPES
 from kvrank.server.config import ServerConfig, entry_secrets, redis_password
@@ -60,7 +60,9 @@ def build_service(cfg: ServerConfig) -> RankingService:
         kv_dtype=cfg.kv_dtype or _weights_dtype(model),
         secrets=entry_secrets(cfg),
     )
-    l1, l2 = L1Store(cfg.l1_bytes), _l2(cfg)
+    l1_bytes, chosen = l1_budget(cfg.l1_bytes, device)
+    log.info("L1 budget: %.1f MiB (%s)", l1_bytes / 2**20, chosen)
+    l1, l2 = L1Store(l1_bytes), _l2(cfg)
     host = HostStore(cfg.host_bytes, str(device)) if cfg.host_bytes else None
     # a model that can check a state it is handed (capability detected) vets Redis's entries
     check = getattr(model, "check_kv", None)

@@ -12,7 +12,7 @@ import torch
 
 from kvrank.errors import DeviceError
 from kvrank.model.artifact import save_model
-from kvrank.model.device import resolve_device
+from kvrank.model.device import L1_BYTES_ELSEWHERE, L1_DEVICE_SHARE, l1_budget, resolve_device
 from kvrank.server.config import ServerConfig
 
 
@@ -50,3 +50,14 @@ def test_kvrank_serve_told_to_use_cuda_here_exits_with_the_reason(
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "device 'cuda' was requested but torch sees no CUDA device" in proc.stderr
+
+
+def test_an_unset_l1_takes_a_share_of_the_gpus_free_memory_and_a_fixed_budget_elsewhere() -> None:
+    """The GPU's free memory is what CUDA reports (this machine has none: it is handed in)."""
+    gib = 2**30
+    budget, why = l1_budget(None, torch.device("cuda:0"), free_bytes=lambda _: 120 * gib)
+    assert budget == int(120 * gib * L1_DEVICE_SHARE) and "120.0 GiB free on cuda:0" in why
+    assert l1_budget(None, torch.device("cpu")) == (L1_BYTES_ELSEWHERE, "the default on cpu")
+    for device in ("cpu", "cuda"):  # a budget that is set is kept, 0 (no L1) included
+        for configured in (0, 3 * gib):
+            assert l1_budget(configured, torch.device(device), lambda _: gib)[0] == configured

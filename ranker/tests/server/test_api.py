@@ -560,3 +560,17 @@ def test_a_user_evicted_from_l1_is_served_from_the_host_tier(
         'protocol="json"} 1.0' in text
     )
     assert "kvrank_host_entries" in text
+
+
+def test_a_server_reports_the_l1_budget_in_force(make_client) -> None:
+    from kvrank.model.device import L1_BYTES_ELSEWHERE
+
+    unset, fixed = make_client(), make_client(l1_bytes=12345)
+    assert unset.get("/readyz").json()["l1_budget_bytes"] == L1_BYTES_ELSEWHERE  # by device
+    assert fixed.get("/readyz").json()["l1_budget_bytes"] == 12345
+    budget = [
+        line
+        for line in fixed.get("/metrics").text.splitlines()
+        if line.startswith("kvrank_l1_budget_bytes{")
+    ]
+    assert len(budget) == 1 and budget[0].endswith(" 12345.0"), budget
