@@ -399,6 +399,15 @@ CANARY = _obj(
             " nor promotes, and an inconclusive step does not time out (a failing check still"
             " aborts). false resumes it (kubectl rkd pause / resume).",
         },
+        "skipToStep": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 21,
+            "description": "Move a stepped rollout to this step now, its checks and pause"
+            " skipped (1 ends a warm-up); one past the last step promotes. kubectl rkd promote"
+            " writes the step after the current one. It belongs to this canary version:"
+            " remove it when the version changes.",
+        },
         "promotion": {
             "type": "string",
             "enum": ["spec", "status"],
@@ -414,6 +423,17 @@ CANARY = _obj(
     **{
         "x-kubernetes-validations": [
             _HTTP_URI,
+            _rule(
+                "!has(self.skipToStep) || (has(self.steps)"
+                " && self.skipToStep <= size(self.steps) + 1)",
+                "needs canary.steps, and at most one past the last step (which promotes)",
+                ".skipToStep",
+            ),
+            _rule(
+                "self.version == oldSelf.version || !has(self.skipToStep)",
+                "moves the rollout of one canary version: remove it when canary.version changes",
+                ".skipToStep",
+            ),
             _rule(
                 "!has(self.warmup) || (has(self.shadow) && self.shadow.sample > 0.0)",
                 "needs canary.shadow: shadow traffic warms it",

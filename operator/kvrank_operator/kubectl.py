@@ -10,8 +10,12 @@ over and exits 0 (its version serving, Ready), 1 (aborted) or 2 (timed out), as
 ``kubectl argo rollouts status`` lets a CI step gate on it; ``-o json`` prints the object.
 A missing kubeconfig or an unreachable API server is one line naming it:
 
-- ``promote``: ``model`` takes the canary's version, artifact and image and the canary block
-  goes (the operator's own promotion, by the same patch); a stepped rollout skips its steps.
+- ``promote``: a stepped rollout moves one step on, as ``kubectl argo rollouts promote``
+  does: ``canary.skipToStep`` is set to the step after the one in the status (a warm-up ends
+  at step 1; past the last step the operator promotes), so running it twice before the
+  operator moves still moves one step. ``promote --full``, or a canary without steps:
+  ``model`` takes the canary's version, artifact and image and the canary block goes (the
+  operator's own promotion, by the same patch).
 - ``abort``: the canary block goes; the operator removes its pods and purges its cache
   namespace.
 - ``pause`` / ``resume``: ``canary.paused`` holds a stepped rollout at its step / lets it on.
@@ -335,8 +339,12 @@ def promote(
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     force: Force = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Promote now, every remaining step skipped.")
+    ] = False,
 ) -> None:
-    """Make the canary the stable version now (remaining steps skipped)."""
+    """Move a stepped rollout one step on (its checks and pause skipped; a warm-up ended;
+    after the last step, promoted); a canary without steps, or with --full: promote now."""
     rkds = RankerDeployments(namespace, kubeconfig, context)
     from kvrank_operator.errors import SpecError
     from kvrank_operator.rollout import promotion
@@ -349,8 +357,27 @@ def promote(
     except SpecError as exc:
         fail(f"{name}'s spec is not one the operator serves: {exc}")
     assert spec.canary is not None
-    rkds.patch(name, promotion(spec.canary))
-    typer.echo(f"{name}: promoted canary {canary['version']} (was {spec.model.version})")
+    if full or not spec.canary.steps:
+        rkds.patch(name, promotion(spec.canary))
+        typer.echo(f"{name}: promoted canary {canary['version']} (was {spec.model.version})")
+        return
+    target, now = _next_step(obj, canary["version"], len(spec.canary.steps))
+    rkds.patch(name, {"spec": {"canary": {"skipToStep": target}}})
+    to = "promoted after its last step" if target > len(spec.canary.steps) else f"step {target}"
+    typer.echo(f"{name}: canary {canary['version']} {now} → {to}")
+
+
+def _next_step(obj: dict[str, Any], version: str, steps: int) -> tuple[int, str]:
+    """The step after the rollout's current one, and where it is now (from its status)."""
+    rollout = (obj.get("status") or {}).get("canary") or {}
+    name = obj["metadata"]["name"]
+    phase = rollout.get("phase", "Starting") if rollout.get("version") == version else "Starting"
+    if phase in ("Starting", "Warming"):
+        return 1, phase.lower()
+    if phase != "Progressing":
+        fail(f"{name}'s rollout of canary {version} is {phase}: nothing to move on")
+    step = int(rollout.get("step") or 1)
+    return step + 1, f"step {step}/{steps}"
 
 
 @app.command()

@@ -21,6 +21,9 @@ A rollout (``status.canary``) goes through these phases::
   data, NaN) is *inconclusive*: the step waits, and aborts ``inconclusiveTimeoutSeconds``
   after its pause — it never passes. ``canary.paused`` holds a step (no step on, no timeout)
   until it is set false again; a failing check still aborts.
+  ``canary.skipToStep`` (a person's ``kubectl rkd promote``) moves a rollout before that
+  step there at once, its checks and pause skipped — a warming canary joins at step 1, one
+  past the last step promotes.
 - **Manual** (no steps): the canary stays at ``canary.weight`` until a person promotes it.
 - **Promoted**: with ``canary.promotion: spec`` (the default) the operator rewrites the spec
   (``model`` ← the canary, ``canary`` removed): the same path as a manual promote. With
@@ -190,6 +193,10 @@ def _warm(
     events: list[Event],
 ) -> Rollout:
     assert c.warmup is not None
+    if c.skip_to_step >= 1:
+        why = f"canary {c.version} joins: warm-up ended by canary.skipToStep"
+        events.append(("Normal", "WarmupSkipped", why))
+        return _enter(rollout, _after_warmup(c), now)
     since = parse_iso(rollout.since)
     w = read(f"{c.version}/warmup", since)
     requests = w.canary.get("requests", 0.0)
@@ -232,6 +239,8 @@ def _analyse(
     waiting = [r for r in results if r.verdict == "inconclusive"]
     pause = c.steps[step - 1].pause_seconds
     problem = f" ({w.problem})" if w.problem else ""
+    if c.skip_to_step > step:  # a person's move: the step's checks and pause are skipped
+        return _skip(c, rollout, now, events, where)
     if failed:
         return _abort(c, rollout, now, events, "AnalysisFailed", where, failed[0].describe())
     if c.paused:  # held by a person: no timeout, no step on; a failing check aborts still
@@ -256,19 +265,42 @@ def _analyse(
         )
     passed = "; ".join(r.describe() for r in results)
     if step == len(c.steps):
-        message = f"promoted canary {c.version} after {where}: {passed}"
-        events.append(("Normal", "CanaryPromoted", message))
-        done = dataclasses.replace(rollout, phase=PROMOTED, since=iso(now), message=message)
-        promote = c.promotion == "spec"
-        return Decision(done, events, promote=promote, condition=(True, PROMOTED.value, message))
+        return _promote(c, rollout, now, events, f"after {where}: {passed}")
     events.append(("Normal", "StepPassed", f"canary {c.version} {where} passed: {passed}"))
-    rollout = _show(c, dataclasses.replace(rollout, step=step + 1, since=iso(now), checks=()))
+    return _to_step(c, rollout, step + 1, now, events)
+
+
+def _skip(
+    c: CanarySpec, rollout: Rollout, now: dt.datetime, events: list[Event], where: str
+) -> Decision:
+    """``canary.skipToStep`` ahead of the rollout: there at once, or promoted past the end."""
+    if c.skip_to_step > len(c.steps):
+        return _promote(c, rollout, now, events, f"at {where}: skipToStep past the last step")
+    target = c.skip_to_step
+    events.append(("Normal", "StepSkipped", f"canary {c.version} {where} skipped to {target}"))
+    return _to_step(c, rollout, target, now, events)
+
+
+def _to_step(
+    c: CanarySpec, rollout: Rollout, step: int, now: dt.datetime, events: list[Event]
+) -> Decision:
+    rollout = _show(c, dataclasses.replace(rollout, step=step, since=iso(now), checks=()))
     message = f"canary {c.version} at step {rollout.step_text}"
     return Decision(
         dataclasses.replace(rollout, message=message),
         events,
         condition=(True, "Analysing", message),
     )
+
+
+def _promote(
+    c: CanarySpec, rollout: Rollout, now: dt.datetime, events: list[Event], why: str
+) -> Decision:
+    message = f"promoted canary {c.version} {why}"
+    events.append(("Normal", "CanaryPromoted", message))
+    done = dataclasses.replace(rollout, phase=PROMOTED, since=iso(now), message=message)
+    promote = c.promotion == "spec"
+    return Decision(done, events, promote=promote, condition=(True, PROMOTED.value, message))
 
 
 def _abort(

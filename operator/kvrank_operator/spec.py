@@ -214,6 +214,11 @@ class CanarySpec:
     paused: bool = False
     """Hold a stepped rollout at its step: it neither advances nor promotes (a failing check
     still aborts). Resuming moves on at once if the step's pause is over and its checks pass."""
+    skip_to_step: int = 0
+    """A person's move of a stepped rollout (``kubectl rkd promote`` writes it): while the
+    rollout is before this step it goes there at once (ending a warm-up for step 1), and past
+    the last step it promotes; 0: none. It belongs to this canary version (the API server
+    refuses a version change that keeps it)."""
     serving: bool = True
     """Not in the CRD: ``False`` while the rollout keeps the canary out of the shared Service
     (starting, warming up); the stable version then keeps all its replicas."""
@@ -616,7 +621,23 @@ def _canary(c: dict[str, Any]) -> CanarySpec:
         analysis=analysis,
         paused=bool(c.get("paused", False)),
         promotion=_promotion(c.get("promotion", CanarySpec.promotion)),
+        skip_to_step=_skip_to_step(c.get("skipToStep"), steps),
     )
+
+
+def _skip_to_step(value: Any, steps: tuple[StepSpec, ...]) -> int:
+    if value is None:
+        return 0
+    if not steps:
+        raise SpecError(
+            "canary.skipToStep", "needs canary.steps (a canary without steps promotes whole)"
+        )
+    if not isinstance(value, int) or not 1 <= value <= len(steps) + 1:
+        raise SpecError(
+            "canary.skipToStep",
+            f"must be a step from 1 to {len(steps) + 1} (past the last step: promote)",
+        )
+    return value
 
 
 def _promotion(value: Any) -> Literal["spec", "status"]:

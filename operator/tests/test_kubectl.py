@@ -181,7 +181,31 @@ def test_the_commands_change_the_spec_through_kubectl_on_a_real_api_server(clust
         assert spec("plugin-stepped")["canary"]["paused"] is False
         shown = rkd("status", "plugin-stepped")
         assert shown.returncode == 0 and "plugin-stepped (default)" in shown.stdout, shown
-        done = rkd("promote", "plugin-stepped")
+        # promote: one step on from the step the status shows, however often it is run
+        at = {"version": "v2", "phase": "Progressing", "step": 1, "since": "2026-01-01T00:00:00Z"}
+        write_status("plugin-stepped", {"canary": at})
+        for _ in range(2):
+            moved = rkd("promote", "plugin-stepped")
+            assert "canary v2 step 1/2 → step 2" in moved.stdout, moved
+            assert spec("plugin-stepped")["canary"]["skipToStep"] == 2
+        version_change = json.dumps({"spec": {"canary": {"version": "v3"}}})
+        kept = cluster.kubectl(
+            "patch",
+            "rkd",
+            "plugin-stepped",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            version_change,
+            check=False,
+        )
+        assert kept.returncode != 0 and "remove it when canary.version changes" in kept.stderr
+        write_status("plugin-stepped", {"canary": {**at, "step": 2}})
+        last = rkd("promote", "plugin-stepped")
+        assert "step 2/2 → promoted after its last step" in last.stdout, last
+        assert spec("plugin-stepped")["canary"]["skipToStep"] == 3
+        done = rkd("promote", "plugin-stepped", "--full")
         assert "promoted canary v2 (was v1)" in done.stdout, done
         model = spec("plugin-stepped")["model"]
         assert "canary" not in spec("plugin-stepped")

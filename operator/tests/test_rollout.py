@@ -287,6 +287,35 @@ def test_a_paused_rollout_holds_its_step_without_timing_out_but_still_aborts_on_
     assert failed.canary.phase == "Aborted" and failed.condition[1] == "AnalysisFailed"
 
 
+def test_skip_to_step_moves_the_rollout_there_once_then_promotes_past_the_last_step() -> None:
+    """What ``kubectl rkd promote`` writes: each step skipped once (no data needed, the pause
+    not waited), a warm-up ended by step 1, and a promotion one past the last step."""
+    script = Script()  # no window has data: only the skips move the rollout
+    d = run(spec_with(), None, script, 0)
+    d = run(spec_with(), d.canary, script, 5)
+    assert d.canary.phase == "Warming"
+    d = run(spec_with(skipToStep=1), d.canary, script, 6)
+    assert d.canary.phase == "Progressing" and d.canary.step == 1
+    assert [e[1] for e in d.events] == ["WarmupSkipped"]
+    d = run(spec_with(skipToStep=1), d.canary, script, 7)  # at that step: nothing more
+    assert d.canary.step == 1 and not d.events
+    for at in (8, 9, 10):  # step 2, however often the operator passes
+        d = run(spec_with(skipToStep=2), d.canary, script, at)
+        assert d.canary.phase == "Progressing" and d.canary.step == 2
+    assert rollout.effective(spec_with(), d.canary).canary.weight == 50  # type: ignore[union-attr]
+    d = run(spec_with(skipToStep=3), d.canary, script, 11)
+    assert d.canary.phase == "Promoted" and d.promote
+    assert [e[1] for e in d.events] == ["CanaryPromoted"] and "skipToStep" in d.events[0][2]
+
+
+def test_skip_to_step_needs_steps_and_stays_within_one_past_the_last() -> None:
+    for bad, says in ((0, "from 1 to 3"), (4, "from 1 to 3"), ("2", "from 1 to 3")):
+        with pytest.raises(SpecError, match=says):
+            spec_with(skipToStep=bad)
+    with pytest.raises(SpecError, match=r"needs canary\.steps"):
+        spec_with(steps=[], analysis={}, skipToStep=1)
+
+
 def test_a_canary_without_data_waits_then_aborts_and_is_never_promoted() -> None:
     spec, script = spec_with(warmup=None), Script()
     d = run(spec, None, script, 0)
