@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from kvrank.model.config import ComputeDType
     from kvrank.server.config import ServerConfig
 
+PLUGIN_HELP = (
+    "module:builder that builds the artifact's model, from a module importable here (the"
+    " working directory included) instead of an installed package (env KVRANK_PLUGIN)."
+)
 app = typer.Typer(
     help="kvrank: ranking with a cached user-side K/V (data-plane tools).",
     no_args_is_help=True,
@@ -199,6 +203,7 @@ def serve(
         bool,
         typer.Option(help="Serve without K/V cache (the C full sequences batched; the baseline)."),
     ] = False,
+    plugin: Annotated[str | None, typer.Option(help=PLUGIN_HELP)] = None,
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
     from kvrank.server.process import serve as serve_app
@@ -214,6 +219,7 @@ def serve(
         "device": device,
         "torch_threads": torch_threads,
         "cache_mode": "full" if no_cache else None,
+        "plugin": plugin,
     }
     if redis:
         overrides["redis"] = {"url": redis, "cluster": redis_cluster}
@@ -335,6 +341,7 @@ def check_model(
     directory: Annotated[Path, typer.Argument(help="Model artifact directory.")],
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "cpu",
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+    plugin: Annotated[str | None, typer.Option(help=PLUGIN_HELP, envvar="KVRANK_PLUGIN")] = None,
 ) -> None:
     """Check that a model is safe to serve from a K/V cache (the checks a pod runs at load):
     cached == no-cache scores, candidates independent, deterministic state, byte round trip,
@@ -351,8 +358,10 @@ def check_model(
     from kvrank.model.checks import check_model as run_checks
     from kvrank.model.device import resolve_device
     from kvrank.model.golden import load_golden
+    from kvrank.model.registry import use_plugin
 
     try:
+        use_plugin(plugin)
         model = load_ranker(directory, resolve_device(device))
         golden = load_golden(directory, model.features)
     except (ArtifactError, DeviceError) as exc:

@@ -188,6 +188,7 @@ def artifact_digest(directory: Path) -> str:
     else:
         arch = registry.get(str(doc["architecture"]))
         code = f"{arch.name} {arch.distribution} {arch.version} {_record(arch.distribution)}"
+        code += arch.code  # a --plugin's source files (no distribution records them)
     h.update(code.encode())
     return h.hexdigest()[:32]
 
@@ -239,6 +240,8 @@ def _check_provider(arch: registry.Architecture, provider: object, directory: Pa
     version's code may read the same weights differently."""
     if not isinstance(provider, dict):
         raise ArtifactError(f"{directory / CONFIG_FILE}: provider is not a JSON object")
+    if arch.code:  # a --plugin: the code named on the command line is the one asked for
+        return
     want = (provider.get("distribution"), provider.get("version"))
     have = (arch.distribution, arch.version)
     if want != have:

@@ -8,13 +8,26 @@ built-in ranker is registered the same way (``onetrans``, by kvrank's own distri
 Code never comes from an artifact or a URL: an artifact only names an architecture and the
 distribution + version that wrote it, and loading refuses any other installed version.
 Tests register builders in-process with :func:`register`. No weights are read here.
+
+While a model is written, before it is packaged, ``--plugin module:builder`` (``kvrank serve``
+and ``check-model``; the server's ``plugin`` setting) names a builder in a module importable
+here (the working directory included): :func:`use_plugin` makes it build every artifact's
+architecture, and its source files' digest is part of the model's identity, so a changed
+module never reads another's cache entries.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.metadata as md
+import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from kvrank.errors import ArtifactError
@@ -35,9 +48,13 @@ class Architecture:
     """The installed distribution providing it (None: registered in-process)."""
     version: str | None
     """That distribution's installed version."""
+    code: str = ""
+    """A digest of the code that builds it when no distribution says (a ``--plugin``)."""
 
 
 _REGISTERED: dict[str, Architecture] = {}
+_PLUGIN: tuple[str, Builder, str] | None = None
+"""``(module:builder, builder, source digest)`` of :func:`use_plugin`."""
 CONTRACT_MEMBERS = (
     "version",
     "kv_dtypes",
@@ -61,6 +78,40 @@ def register(
 
 def unregister(name: str) -> None:
     _REGISTERED.pop(name, None)
+
+
+def use_plugin(target: str | None) -> None:
+    """Build every artifact's architecture with ``target`` (``module:builder``; ``None``:
+    the installed ones again). ``ArtifactError`` naming what is missing when the module does
+    not import or has no such builder."""
+    global _PLUGIN
+    if target is None:
+        _PLUGIN = None
+        return
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ArtifactError(f"plugin {target!r}: expected module:builder, e.g. my_model:build")
+    if os.getcwd() not in sys.path:  # a module next to the command, as `python -m` finds it
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ArtifactError(f"plugin {target!r}: cannot import {module_name}: {exc!r}") from exc
+    builder = getattr(module, attr, None)
+    if not callable(builder):
+        raise ArtifactError(f"plugin {target!r}: {module_name} has no callable {attr!r}")
+    _PLUGIN = (target, builder, _source_digest(module))
+
+
+def _source_digest(module: ModuleType) -> str:
+    """SHA-256 over the module's source files (a package's every ``.py``), by relative path."""
+    origin = Path(inspect.getfile(module))
+    root = origin.parent if origin.name == "__init__.py" else None
+    files = sorted(root.rglob("*.py")) if root is not None else [origin]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(root) if root else f.name}\0".encode() + f.read_bytes())
+    return h.hexdigest()
 
 
 def architectures() -> dict[str, Architecture]:
@@ -92,7 +143,11 @@ def _lazy(ep: md.EntryPoint) -> Builder:
 
 
 def get(name: str) -> Architecture:
-    """The architecture ``name``; ``ArtifactError`` listing the known ones if missing."""
+    """The architecture ``name`` (the plugin's builder while one is in use);
+    ``ArtifactError`` listing the known ones if missing."""
+    if _PLUGIN is not None:
+        target, builder, code = _PLUGIN
+        return Architecture(name, builder, None, None, code=f"{target} {code}")
     known = architectures()
     if name not in known:
         raise ArtifactError(

@@ -116,6 +116,14 @@ class ServerConfig(BaseSettings):
     entry_secret: SecretStr | None = Field(
         None, exclude=True, description="From KVRANK_ENTRY_SECRET only (never the file)."
     )
+    plugin: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="module:builder that builds the artifact's architecture, from a module"
+        " importable here (the working directory or PYTHONPATH) rather than an installed"
+        " package: for trying a model before packaging it. Its source is part of the"
+        " model's cache identity.",
+    )
     kv_dtype: KVDType | None = None
     l1_bytes: int | None = Field(
         None,

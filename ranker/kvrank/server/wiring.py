@@ -32,6 +32,7 @@ from kvrank.model.contract import CacheableRanker
 from kvrank.model.device import l1_budget, resolve_device
 from kvrank.model.golden import load_golden
 from kvrank.model.kv import TORCH_DTYPES
+from kvrank.model.registry import use_plugin
 from kvrank.server.config import ServerConfig, entry_secrets, redis_password
 from kvrank.service import RankingService
 
@@ -45,6 +46,9 @@ def build_service(cfg: ServerConfig) -> RankingService:
     log.info("torch intra-op threads: %d (%s)", threads, "set" if cfg.torch_threads else "quota")
     device = resolve_device(cfg.device)
     local = resolve_artifact(cfg.model_dir, Path(cfg.model_cache_dir), cfg.model_sha256)
+    use_plugin(cfg.plugin)
+    if cfg.plugin:
+        log.info("the artifact's architecture is built by the plugin %s", cfg.plugin)
     model = load_ranker(local, device)
     _check_identity(cfg, model)
     log.info("model %s loaded on %s (%s)", model.version, device, type(model).__name__)

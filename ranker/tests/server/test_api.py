@@ -297,6 +297,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_INCREMENTAL": "approximate",
         "KVRANK_SHADOW_SAMPLE": "0.5",
         "KVRANK_HOST": "0.0.0.0",
+        "KVRANK_PLUGIN": "my_ranker:build",
         "KVRANK_MAX_BODY_BYTES": "2048",
         "KVRANK_TTL_JITTER": "0.2",
         "KVRANK_MODEL_SHA256": "ab" * 32,

@@ -132,7 +132,12 @@ def test_bad_plugin_requests_name_the_field(plugin_client, sasrec_artifact, muta
 def test_kvrank_serve_runs_the_plugin_and_reports_its_device(spawn_server, sasrec_artifact) -> None:
     pod = spawn_server(artifact=sasrec_artifact)
     ready = httpx.get(f"{pod.url}/readyz").json()
-    assert ready == {"status": "ready", "model_version": "s1", "device": "cpu"}
+    assert ready == {
+        "status": "ready",
+        "model_version": "s1",
+        "device": "cpu",
+        "l1_budget_bytes": 512 * 2**20,  # unset: the CPU's default
+    }
     assert pod.metric("kvrank_model_info", device="cpu") == 1.0
 
 
