@@ -68,7 +68,8 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 @dataclass
 class OperatorContext:
     """The operator process's shared state, handed to every handler in kopf's ``memo``
-    (``memo.operator``): set up once by the command line, never a module global."""
+    (``memo.operator``): set up once by the command line. (The operator's metrics above are
+    module globals: prometheus_client's default registry is the process's own.)"""
 
     kube: Kube
     options: Options = field(default_factory=Options)

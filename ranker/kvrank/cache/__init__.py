@@ -1,12 +1,13 @@
-"""The two-level K/V cache: L1 in the serving process, L2 in Redis, and their policies.
+"""The tiered K/V cache: L1 on the serving device, an optional host-memory tier, L2 in
+Redis shared by every pod, and their policies.
 
 This package's names below are its whole surface: the service and the tools import from
 ``kvrank.cache`` only (an import contract holds them to it). Inside, data flows one way:
 ``tiered`` composes a list of stores that share one interface (``store``) and a separate
 cross-pod lock (``lock``): ``l1`` keeps ``UserKV`` objects on the model's device,
-``redis_store`` keeps the bytes ``entry`` seals (bound to their key and model,
-authenticated with the deployment's secret) and locks; ``compose`` builds the usual
-pair. Every
+``host`` keeps what L1 evicts for room, ``redis_store`` keeps the bytes ``entry`` seals
+(bound to their key and model, authenticated with the deployment's secret) and locks;
+``compose`` builds the usual stack. Every
 tier failure is a miss, never an exception that reaches a request.
 """
 

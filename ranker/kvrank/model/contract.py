@@ -188,7 +188,8 @@ class CacheableRanker(Protocol):
 
 @runtime_checkable
 class BatchScorer(Protocol):
-    """Optional: several users' requests in one pass (micro-batching)."""
+    """Optional: several users' requests in one pass (the model thread's continuous
+    batching)."""
 
     def score_many(self, requests: list[tuple[UserKV, CandidateInput]]) -> list[Tensor]:
         """Per request, the logits ``score`` would give."""
@@ -208,11 +209,3 @@ class Extendable(Protocol):
         A model whose state cannot be extended exactly (e.g. positions counted back from the
         newest event) answers False, or does not implement :class:`Extendable` at all."""
         ...
-
-
-def is_extendable(model: CacheableRanker) -> bool:
-    return isinstance(model, Extendable)
-
-
-def can_score_many(model: CacheableRanker) -> bool:
-    return isinstance(model, BatchScorer)
