@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import numpy as np
 import torch
-from bench_wire import baseline_tree
+from bench_wire import baseline_tree, start
 from rich.console import Console
 from rich.table import Table
 
@@ -63,15 +62,6 @@ SCORE_TOLERANCE = 1e-5
 logits; probabilities move less)."""
 OPEN_LOAD = 0.8
 """The open loop's rate, as a share of the server's median closed-loop capacity."""
-
-
-def start(work: Path, name: str, env: dict[str, str], source: Path | None) -> RankerProcess:
-    env = {"KVRANK_TTL_FIXED_SECONDS": "3600", **env}
-    if source is not None:
-        env["PYTHONPATH"] = str(source / "ranker")
-    (work / name).mkdir()
-    flags = ("--l1-bytes", str(2**30), "--torch-threads", "1")
-    return RankerProcess.start(work / "model", work / name, *flags, env=env)
 
 
 async def post(
@@ -146,14 +136,7 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 def passes(ranker: RankerProcess) -> tuple[float, float]:
     """The server's scoring passes so far and the requests they scored (0, 0 where the
     tree has no such metric)."""
-    text = httpx.get(f"{ranker.url}/metrics", timeout=30).text
-    count = total = 0.0
-    for line in text.splitlines():
-        if line.startswith("kvrank_batch_requests_count"):
-            count = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("kvrank_batch_requests_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-    return count, total
+    return ranker.metric("kvrank_batch_requests_count"), ranker.metric("kvrank_batch_requests_sum")
 
 
 def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -169,10 +152,10 @@ def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         tree = baseline_tree(args.baseline, work) if args.baseline else None
         rankers: dict[str, RankerProcess] = {}
         for name, env in modes.items():
-            rankers[name] = start(work, name, env, None)
+            rankers[name] = start(work, name, settings=env)
             running.callback(rankers[name].stop)
         if tree is not None:
-            rankers[BASELINE] = start(work, "baseline-ranker", {}, tree)
+            rankers[BASELINE] = start(work, "baseline-ranker", tree)
             running.callback(rankers[BASELINE].stop)
         for r in rankers.values():  # every user's entry made: what follows are hits
             asyncio.run(answers(r.url, bodies, hit=False))

@@ -185,12 +185,16 @@ JSON_HEADER = {"content-type": "application/json"}
 
 
 def start(
-    work: Path, name: str, source: Path | None = None, grpc_port: int | None = None
+    work: Path,
+    name: str,
+    source: Path | None = None,
+    grpc_port: int | None = None,
+    settings: dict[str, str] | None = None,
 ) -> RankerProcess:
     """A ``kvrank serve`` of the benchmark's model (``source``: that tree's ``kvrank``;
-    ``grpc_port``: with the v2 gRPC service there)."""
+    ``grpc_port``: with the v2 gRPC service there; ``settings``: more ``KVRANK_*``)."""
     # entries kept an hour: a slow round must not find its users expired (a 412)
-    env = {"KVRANK_TTL_FIXED_SECONDS": "3600"}
+    env = {"KVRANK_TTL_FIXED_SECONDS": "3600", **(settings or {})}
     if source is not None:
         env["PYTHONPATH"] = str(source / "ranker")
     # one torch thread: the model's CPU time is then its wall time, which the score stage
