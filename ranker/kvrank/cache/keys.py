@@ -269,10 +269,12 @@ def user_columns(state: ChainState, spec: FeatureSpec) -> dict[str, np.ndarray]:
     out, at = {}, 0
     for c in spec.user:
         dtype = np.dtype("<i8" if c.kind == "id" else "<f4")
-        size = c.width * dtype.itemsize
+        size = c.per_row * dtype.itemsize
         if at + size > len(state.user):
             raise ValueError(f"the chain state's user columns end before column {c.name}")
-        out[c.name] = np.frombuffer(state.user, dtype, c.width, at).astype(dtype.newbyteorder("="))
+        out[c.name] = np.frombuffer(state.user, dtype, c.per_row, at).astype(
+            dtype.newbyteorder("=")
+        )
         at += size
     if at != len(state.user):
         raise ValueError("the chain state's user columns are longer than the model's")

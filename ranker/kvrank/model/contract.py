@@ -49,8 +49,9 @@ class Column:
     size: int | None = None
     """ids: every value must be < ``size`` (a vocabulary or bucket count); None: any id in
     ``[0, 2**63)``, which the model hashes into its tables."""
-    width: int = 0
-    """dense columns and user id columns: values per row. Unused by sequence/candidate ids."""
+    width: int | None = None
+    """Values per row: required for dense columns and every user column (``0`` declares a
+    column that is always empty); unused by sequence and candidate id columns."""
     description: str = ""
     """Shown in the request schema (OpenAPI)."""
 
@@ -59,8 +60,15 @@ class Column:
             raise ValueError(f"column name {self.name!r} must match {_NAME.pattern}")
         if self.size is not None and not 1 <= self.size <= MAX_ID:
             raise ValueError(f"column {self.name}: size {self.size} outside [1, 2**63)")
-        if self.width < 0:
+        if self.width is not None and self.width < 0:
             raise ValueError(f"column {self.name}: width {self.width} is negative")
+        if self.width is None and self.kind == "dense":
+            raise ValueError(f"column {self.name}: a dense column needs width (values per row)")
+
+    @property
+    def per_row(self) -> int:
+        """``width`` as set, or 0 where it is not (a sequence or candidate id column)."""
+        return self.width or 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,12 @@ class FeatureSpec:
                 raise ValueError(f"the first {group} column ({cols[0].name}) must be an id column")
             _unique(group, cols)
         _unique("user", self.user)
+        for col in self.user:
+            if col.width is None:
+                raise ValueError(
+                    f"user column {col.name} needs width (the {col.kind} values each request "
+                    "sends for it; 0 declares a column that is always empty)"
+                )
         clash = RESERVED_NAMES & {c.name for c in self.user}
         if clash:
             raise ValueError(f"user columns may not be named {sorted(clash)} (reserved)")

@@ -62,26 +62,26 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
         if len(values) != n:
             raise InputError(field, f"has {len(values)} values; {group}.{first} has {n}")
         return _tensor(values, np.int64)
-    if col.width == 0 and not values:
+    if col.per_row == 0 and not values:
         return torch.zeros(n, 0)
     if not values and n:
-        raise InputError(field, f"missing: the model expects {n} rows of {col.width} values")
+        raise InputError(field, f"missing: the model expects {n} rows of {col.per_row} values")
     if len(values) != n:
         raise InputError(field, f"has {len(values)} rows; expected {n}")
-    if set(map(len, values)) - {col.width}:  # in C; the row is named only when one is off
+    if set(map(len, values)) - {col.per_row}:  # in C; the row is named only when one is off
         for i, row in enumerate(values):
-            if len(row) != col.width:
+            if len(row) != col.per_row:
                 raise InputError(
-                    f"{field}[{i}]", f"has {len(row)} values; the model expects {col.width}"
+                    f"{field}[{i}]", f"has {len(row)} values; the model expects {col.per_row}"
                 )
     with np.errstate(over="ignore"):  # rows read flat: half the time of nested lists
-        flat = np.fromiter(itertools.chain.from_iterable(values), np.float32, n * col.width)
-    return torch.from_numpy(flat.reshape(n, col.width))
+        flat = np.fromiter(itertools.chain.from_iterable(values), np.float32, n * col.per_row)
+    return torch.from_numpy(flat.reshape(n, col.per_row))
 
 
 def _row(col: Column, values: Values) -> Tensor:
-    if not values and col.width:
-        raise InputError(col.name, f"missing: the model expects {col.width} values")
+    if not values and col.per_row:
+        raise InputError(col.name, f"missing: the model expects {col.per_row} values")
     return _tensor(values, np.int64 if col.kind == "id" else np.float32)
 
 
@@ -105,7 +105,7 @@ def check_user(spec: FeatureSpec, user: UserInput) -> None:
     for col in spec.sequence:
         _check(col, user.events[col.name], f"events.{col.name}", n)
     for col in spec.user:
-        check_ids_or_dense(user.user[col.name], col.name, col.kind, (col.width,), col.size)
+        check_ids_or_dense(user.user[col.name], col.name, col.kind, (col.per_row,), col.size)
 
 
 def check_candidates(spec: FeatureSpec, cands: CandidateInput) -> None:
@@ -132,7 +132,7 @@ def _field(group: str, name: str) -> str:
 
 
 def _check(col: Column, t: Tensor, field: str, rows: int) -> None:
-    shape = (rows,) if col.kind == "id" else (rows, col.width)
+    shape = (rows,) if col.kind == "id" else (rows, col.per_row)
     check_ids_or_dense(t, field, col.kind, shape, col.size)
 
 
@@ -189,6 +189,6 @@ def example_candidates(spec: FeatureSpec, c: int, generator: torch.Generator) ->
 def _random(col: Column, rows: tuple[int, ...], g: torch.Generator) -> Tensor:
     """Rows of ``col``: ``rows=()`` is the user group's one row of ``width`` values."""
     if col.kind == "id":
-        shape = rows if rows else (col.width,)
+        shape = rows if rows else (col.per_row,)
         return torch.randint(0, col.size or ANY_ID, shape, generator=g)
-    return torch.randn(*rows, col.width, generator=g)
+    return torch.randn(*rows, col.per_row, generator=g)

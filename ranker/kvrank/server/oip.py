@@ -55,8 +55,8 @@ def _columns(spec: FeatureSpec) -> list[tuple[str, Column, str]]:
 
 def _shape(col: Column, group: str) -> list[int]:
     if group == "user":
-        return [col.width]
-    return [-1] if col.kind == "id" else [-1, col.width]
+        return [col.per_row]
+    return [-1] if col.kind == "id" else [-1, col.per_row]
 
 
 def input_metadata(spec: FeatureSpec) -> list[dict[str, Any]]:
@@ -297,7 +297,7 @@ def tensors(
         values = body[col.name] if group == "user" else body[group][col.name]
         array = np.asarray(values, dtype=np.int64 if col.kind == "id" else dense)
         if group != "user" and col.kind == "dense":
-            array = array.reshape(-1, col.width)
+            array = array.reshape(-1, col.per_row)
         out.append((name, "INT64" if col.kind == "id" else "FP32", array))
     return out
 

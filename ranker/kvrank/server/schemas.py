@@ -153,7 +153,9 @@ def strict_body(spec: FeatureSpec, prefetch: bool = False) -> StrictBody:
         id_col = c.kind == "id"
         kind = list[_StrictId] if id_col else list[float]
         fields.append((c.name, kind, msgspec.field(default_factory=list)))
-        lengths.append((None, c.name, 0, max(c.width, USER_IDS_MAX if id_col else USER_DENSE_MAX)))
+        lengths.append(
+            (None, c.name, 0, max(c.per_row, USER_IDS_MAX if id_col else USER_DENSE_MAX))
+        )
     name = "PrefetchRequest" if prefetch else "ScoreRequest"
     body = msgspec.defstruct(name, fields, kw_only=True, forbid_unknown_fields=True)
     return StrictBody(msgspec.json.Decoder(body), tuple(lengths))
@@ -261,8 +263,8 @@ def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
             kwargs["min_length"] = 1
         return list[Id], Field(**kwargs)
     about: str | None = col.description or None
-    if col.width:  # required: the description says so (the group's rows, ``width`` each)
-        need = f"one row of {col.width} values per row of the group"
+    if col.per_row:  # required: the description says so (the group's rows, ``width`` each)
+        need = f"one row of {col.per_row} values per row of the group"
         about = f"{about} ({need})" if about else need.capitalize()
     return list[list[Finite]], Field(default_factory=list, max_length=limit, description=about)
 
@@ -270,12 +272,12 @@ def _rows(col: Column, limit: int, first: bool) -> tuple[Any, Any]:
 def _user_field(col: Column) -> tuple[Any, Any]:
     if col.kind == "id":
         kind: Any = list[Id]
-        bound = max(col.width, USER_IDS_MAX)
+        bound = max(col.per_row, USER_IDS_MAX)
     else:
-        kind, bound = list[Finite], max(col.width, USER_DENSE_MAX)
+        kind, bound = list[Finite], max(col.per_row, USER_DENSE_MAX)
     # left out only when the history is sent by reference: the schema cannot say "required
     # with events", so the description does (and a missing one is named "missing")
-    need = f"{col.width} values; required unless the history is sent by reference"
+    need = f"{col.per_row} values; required unless the history is sent by reference"
     description = f"{col.description} ({need})" if col.description else need.capitalize()
     return kind, Field(default_factory=list, max_length=bound, description=description)
 

@@ -1,6 +1,7 @@
 """The model contract's seams: the built-in ranker keeps its request schema and its cache
 keys, a cached state holds K and V of their own widths plus named extras, and the registry
-loads only what the installed code can serve."""
+loads only what the installed code can serve; a FeatureSpec refuses what would only fail at
+the first request."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from safetensors.torch import save as st_save
 from kvrank.errors import ArtifactError
 from kvrank.model import registry
 from kvrank.model.artifact import load_ranker, save_ranker
+from kvrank.model.contract import Column, FeatureSpec
 from kvrank.model.kv import UserKV
 from kvrank.model.onetrans import OneTransRanker, feature_spec, from_features
 from kvrank.server.schemas import request_model
@@ -238,3 +240,37 @@ def test_a_plugin_sees_validated_columns_only(factory, tiny_cfg) -> None:
     user = from_features(factory.user(tiny_cfg, 3, 1))
     assert list(user.events) == [c.name for c in feature_spec(tiny_cfg).sequence]
     assert list(user.user) == [c.name for c in feature_spec(tiny_cfg).user]
+
+
+# ------------------------------------------------ a spec refuses what fails later
+
+_SEQUENCE = (Column("item_id", "id", 100),)
+_CANDIDATE = (Column("item_id", "id", 100),)
+
+
+def _spec(*user: Column) -> FeatureSpec:
+    return FeatureSpec(sequence=_SEQUENCE, user=user, candidate=_CANDIDATE, window=8)
+
+
+def test_a_user_id_column_without_a_width_is_refused_naming_it() -> None:
+    # The default once was width 0: every request then had to send the column empty, and a
+    # model reading one id crashed with a shape error at its first request.
+    with pytest.raises(ValueError, match="user column age needs width"):
+        _spec(Column("age", "id", 10))
+
+
+def test_a_dense_column_without_a_width_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="column score: a dense column needs width"):
+        Column("score", "dense")
+
+
+def test_a_declared_width_holds_and_zero_declares_an_empty_column() -> None:
+    s = _spec(Column("age", "id", 10, width=1), Column("context", "id", width=0))
+    assert [c.per_row for c in s.user] == [1, 0]
+    # sequence and candidate ids are one per row: their width is unused
+    assert s.sequence[0].width is None and s.sequence[0].per_row == 0
+
+
+def test_a_negative_width_is_refused() -> None:
+    with pytest.raises(ValueError, match="width -1 is negative"):
+        Column("age", "id", 10, width=-1)
