@@ -14,6 +14,8 @@ from kvrank_operator.manifests.common import (
     REDIS_PORT,
     deployment_name,
     entry_secret_name,
+    image_tag,
+    label_value,
     labels,
     password_secret,
     ranker_selector,
@@ -21,8 +23,10 @@ from kvrank_operator.manifests.common import (
     redis_url,
     restricted_container,
     restricted_pod,
+    selector,
     tls_secret_name,
     version_labels,
+    version_selector,
 )
 from kvrank_operator.manifests.desired import Desired, desired_rankers, desired_redis
 from kvrank_operator.manifests.ranker import (
@@ -57,6 +61,8 @@ __all__ = [
     "desired_rankers",
     "desired_redis",
     "entry_secret_name",
+    "image_tag",
+    "label_value",
     "labels",
     "managed_redis",
     "network_policies",
@@ -73,8 +79,10 @@ __all__ = [
     "restricted_pod",
     "router_name",
     "router_objects",
+    "selector",
     "services",
     "tls_dns_names",
     "tls_secret_name",
     "version_labels",
+    "version_selector",
 ]

@@ -3,8 +3,10 @@ security settings Pod Security ``restricted`` admits. Pure: no API calls."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from kvrank_operator import __version__
 from kvrank_operator.certs import CA_FILE
 from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
 
@@ -114,7 +116,14 @@ def restricted_container() -> dict[str, Any]:
     }
 
 
-def labels(instance: str, component: str = "ranker") -> dict[str, str]:
+PART_OF = "kvrank"
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def selector(instance: str, component: str = "ranker") -> dict[str, str]:
+    """The labels that select an instance's objects of one component. They never change: a
+    Deployment's and a StatefulSet's selector is immutable, and lists by these find objects
+    any operator version made."""
     return {
         "app.kubernetes.io/name": NAME,
         "app.kubernetes.io/instance": instance,
@@ -123,13 +132,43 @@ def labels(instance: str, component: str = "ranker") -> dict[str, str]:
     }
 
 
+def labels(instance: str, component: str = "ranker", version: str | None = None) -> dict[str, str]:
+    """Kubernetes' recommended labels: the selecting ones, ``part-of: kvrank`` and
+    ``version``: what the object runs (a model version, Redis's image tag), else the kvrank
+    release that made it."""
+    return {
+        **selector(instance, component),
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/version": label_value(version or __version__),
+    }
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: at most 63 of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
+    return _LABEL_VALUE.sub("-", text)[:63].strip("._-")
+
+
+def image_tag(image: str) -> str:
+    """An image reference's tag (``redis:7.2@sha256:…`` → ``7.2``), else its digest."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    return last.partition(":")[2] or digest or "latest"
+
+
 def ranker_selector(instance: str) -> dict[str, str]:
     """The labels that select every ranker pod of ``instance`` (any model version)."""
     return {"app.kubernetes.io/instance": instance, "app.kubernetes.io/component": "ranker"}
 
 
+def version_selector(instance: str, version: str) -> dict[str, str]:
+    """The labels that select one model version's ranker pods."""
+    return {**selector(instance), "kvrank.io/version": version}
+
+
 def version_labels(instance: str, version: str) -> dict[str, str]:
-    return {**labels(instance), "kvrank.io/version": version}
+    """One model version's objects: the recommended labels (``version`` the model's) and
+    ``kvrank.io/version`` (the exact string; a label value may have lost characters)."""
+    return {**labels(instance, version=version), "kvrank.io/version": version}
 
 
 def deployment_name(instance: str, version: str) -> str:

@@ -36,6 +36,7 @@ from kvrank_operator.manifests.common import (
     tls_ca_mount,
     tls_secret_name,
     version_labels,
+    version_selector,
     with_defaults,
 )
 from kvrank_operator.spec import MODELS_MOUNT, ROUTING_HEADER, RankerSpec, namespace_for
@@ -109,14 +110,14 @@ def deployment(
     sha256: str | None = None,
 ) -> dict[str, Any]:
     """One model version's Deployment: surge-only rollouts, scrape annotations."""
-    sel = version_labels(instance, version)
+    sel, meta = version_selector(instance, version), version_labels(instance, version)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             "name": deployment_name(instance, version),
             "namespace": namespace,
-            "labels": {**sel, "kvrank.io/role": role},
+            "labels": {**meta, "kvrank.io/role": role},
         },
         "spec": {
             "replicas": replicas,
@@ -127,7 +128,7 @@ def deployment(
             },
             "template": {
                 "metadata": {
-                    "labels": {**spec.model.pod.labels, **sel},
+                    "labels": {**spec.model.pod.labels, **meta},
                     "annotations": {
                         **spec.model.pod.annotations,
                         "prometheus.io/scrape": "true",
@@ -177,7 +178,7 @@ def ranker_pod(
                 "maxSkew": 1,
                 "topologyKey": "kubernetes.io/hostname",
                 "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": version_labels(instance, version)},
+                "labelSelector": {"matchLabels": version_selector(instance, version)},
             }
         ],
         "terminationGracePeriodSeconds": 30,
@@ -357,7 +358,7 @@ def services(spec: RankerSpec, instance: str, namespace: str) -> list[dict[str, 
                 },
                 "spec": {
                     "type": "ClusterIP",
-                    "selector": version_labels(instance, version),
+                    "selector": version_selector(instance, version),
                     "ports": [*port, {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}],
                 },
             }

@@ -13,10 +13,12 @@ from kvrank_operator.manifests.common import (
     REDIS_PORT,
     TLS_CA_FILE,
     TLS_DIR,
+    image_tag,
     labels,
     redis_name,
     restricted_container,
     restricted_pod,
+    selector,
     tls_ca_mount,
     tls_secret_name,
     with_defaults,
@@ -96,10 +98,11 @@ def managed_redis(
     Job + NetworkPolicy + PDB, in the order they are applied. ``tls``: freshly generated
     material for the TLS Secret (used when TLS is on without a Secret of the user's)."""
     r, name = spec.cache.redis, redis_name(instance)
-    rl, uid = labels(instance, "redis"), spec.ids(REDIS_UID)
+    rl, uid = selector(instance, "redis"), spec.ids(REDIS_UID)
+    meta_labels = labels(instance, "redis", image_tag(r.image))
 
     def obj(api: str, kind: str, suffix: str = "", **body: Any) -> dict[str, Any]:
-        meta = {"name": name + suffix, "namespace": namespace, "labels": rl}
+        meta = {"name": name + suffix, "namespace": namespace, "labels": meta_labels}
         return {"apiVersion": api, "kind": kind, "metadata": meta, **body}
 
     generated_tls = []
@@ -173,7 +176,9 @@ def _auth_env(name: str) -> list[dict[str, Any]]:
 
 
 def _sts(r: RedisSpec, instance: str, rl: dict[str, str], uid: int | None) -> dict[str, Any]:
-    """Parallel start (the bootstrap Job waits for all); emptyDir data unless persistent."""
+    """Parallel start (the bootstrap Job waits for all); emptyDir data unless persistent.
+    The pods carry the selecting labels only: a label added to the template would restart
+    every Redis node (and drop its keys) when the operator is upgraded."""
     name = redis_name(instance)
     tls_secret = tls_secret_name(instance, r)
     # group-readable: the key file belongs to root, the pod's fsGroup is redis's group

@@ -57,6 +57,7 @@ from kvrank_operator.manifests.common import (
     restricted_container,
     restricted_pod,
     version_labels,
+    version_selector,
     with_defaults,
 )
 from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
@@ -190,7 +191,7 @@ def _pods_service(spec: RankerSpec, instance: str, namespace: str, version: str)
         },
         "spec": {
             "clusterIP": "None",  # headless: the router resolves every ready pod's address
-            "selector": version_labels(instance, version),
+            "selector": version_selector(instance, version),
             "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}],
         },
     }

@@ -75,7 +75,7 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         str(d["metadata"]["labels"].get("kvrank.io/version")): d
         for d in kube.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
     }
-    pods = kube.list("v1", "Pod", ns, m.labels(name))
+    pods = kube.list("v1", "Pod", ns, m.selector(name))
     writing = {cache_ns for p in pods if (cache_ns := cache_namespace(p)) is not None}
     failures = {
         str(p["metadata"]["labels"].get("kvrank.io/version")): why
@@ -84,7 +84,7 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     }
     finished = {
         j["metadata"]["name"]
-        for j in kube.list("batch/v1", "Job", ns, m.labels(name, "purge"))
+        for j in kube.list("batch/v1", "Job", ns, m.selector(name, "purge"))
         if (j.get("status") or {}).get("succeeded")
     }
     redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
@@ -133,7 +133,7 @@ def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed
     password = None
     tls_ca = None
     if formed:
-        pods = kube.list("v1", "Pod", ns, m.labels(name, "redis"))
+        pods = kube.list("v1", "Pod", ns, m.selector(name, "redis"))
         addresses = sorted(
             f"{p['status']['podIP']}:{m.REDIS_PORT}"
             for p in pods
