@@ -17,6 +17,13 @@ or the server's default) and is *admitted* before any model work:
   thread (the runner's estimate, which also holds work of no request: prefetches). An idle
   pod (nothing admitted, nothing queued) admits any request whose own model time fits
   before its deadline: ``budget_share`` is the margin for a queue's wait, and there is none.
+- a caller that sends no deadline is given the server's default (``default_timeout_ms``,
+  the longest anyone waits), all of it budgeted: refusing such a request while its wait
+  fits would refuse work its caller would have taken. Unless callers like it are seen to
+  leave sooner: the pod learns how long they wait (:class:`Patience`, from the ones that
+  disconnected) and gives the next ones that long, budgeted by ``budget_share`` as a stated
+  deadline is — callers that give up after a second without saying so are then shed like
+  callers that say so, instead of queueing for a deadline they never had.
 - once admitted, every piece of model work checks, as the model thread picks it up, that
   it can end before the deadline (by what that kind of work takes) and that the caller is
   still connected; if not, the work is dropped, never computed (an
@@ -36,7 +43,7 @@ import contextlib
 import contextvars
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -73,9 +80,11 @@ class AdmissionSettings(BaseModel):
         ge=1,
         le=MAX_TIMEOUT_MS,
         description="The deadline of a request whose caller sends none (x-kvrank-timeout-ms):"
-        " the bundled router's route timeout, past which nobody waits for the answer."
-        " Callers should send their own (a ranking caller's is well under a second): a pod"
-        " sheds by the deadlines it is given.",
+        " the bundled router's route timeout, past which nobody waits for the answer. It is"
+        " budgeted whole (a request is refused only when its wait would not fit in it), and"
+        " while such callers are seen to disconnect sooner, they get the time they wait"
+        " instead (patience_quantile). Callers should send their own (a ranking caller's is"
+        " well under a second): a pod sheds by the deadlines it is given.",
     )
     max_inflight: int = Field(
         256,
@@ -89,11 +98,20 @@ class AdmissionSettings(BaseModel):
         gt=0,
         le=1,
         description="The share of a request's remaining time the pod budgets for its"
-        " estimated wait and model work: a request is admitted only when both fit in it, so"
+        " estimated wait and model work, for a deadline the caller sent or the pod learned"
+        " (the default one is budgeted whole): a request is admitted only when both fit in it, so"
         " admitted requests are answered in about this share of their deadline. The rest is"
         " margin for what the estimate cannot see: under a spike the model thread runs"
         " slower than the times it measured (the event loop shares the process with it),"
         " and a pod admitting up to the very deadline finishes work after its callers left.",
+    )
+    patience_quantile: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="For callers that send no deadline: the share of the recent ones that"
+        " disconnected (after waiting at least as long as the deadline they are then given);"
+        " a low quantile of how long they waited.",
     )
     cost_halflife: int = Field(
         32,
@@ -113,11 +131,31 @@ class Deadline:
     """On :func:`time.monotonic`'s clock."""
     clock: Callable[[], float] = time.monotonic
     caller_left: bool = False
-    """Set by the server when the caller's connection closed before the answer."""
+    """Set (:meth:`leave`) when the caller's connection closed before the answer."""
+    share: float | None = None
+    """The share of the time left that admission budgets (``None``: ``budget_share``)."""
+    stated: bool = True
+    """Whether the caller sent it (else the pod chose it)."""
+    started: float = 0.0
+    left_after_s: float | None = None
+    """How long the caller waited before it left."""
 
     @classmethod
-    def after_ms(cls, ms: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
-        return cls(clock() + ms / 1e3, clock)
+    def after_ms(
+        cls,
+        ms: float,
+        clock: Callable[[], float] = time.monotonic,
+        share: float | None = None,
+        stated: bool = True,
+    ) -> Deadline:
+        now = clock()
+        return cls(now + ms / 1e3, clock, share=share, stated=stated, started=now)
+
+    def leave(self) -> None:
+        """The caller's connection closed: its work still queued is dropped uncomputed."""
+        if not self.caller_left:
+            self.caller_left = True
+            self.left_after_s = self.clock() - self.started
 
     def left_s(self) -> float:
         return self.at - self.clock()
@@ -162,6 +200,34 @@ def current_ticket() -> Ticket | None:
     return _CURRENT.get()
 
 
+class Patience:
+    """How long callers that send no deadline wait, learned from the ones that left: a low
+    quantile of the waits of the last ``keep`` departures within ``window_s`` (``None``
+    until ``at_least`` of them, or when none left lately: callers that wait are patient)."""
+
+    def __init__(
+        self,
+        quantile: float,
+        clock: Callable[[], float] = time.monotonic,
+        keep: int = 64,
+        at_least: int = 8,
+        window_s: float = 60.0,
+    ):
+        self.quantile, self.clock = quantile, clock
+        self.keep, self.at_least, self.window_s = keep, at_least, window_s
+        self._left: deque[tuple[float, float]] = deque(maxlen=keep)
+
+    def observe(self, waited_s: float) -> None:
+        self._left.append((self.clock(), waited_s))
+
+    def estimate_s(self) -> float | None:
+        since = self.clock() - self.window_s
+        waits = sorted(w for at, w in self._left if at >= since)
+        if len(waits) < self.at_least:
+            return None
+        return waits[round(self.quantile * (len(waits) - 1))]
+
+
 @dataclass
 class AdmissionStats:
     admitted: int = 0
@@ -177,8 +243,9 @@ class Admission:
         self,
         settings: AdmissionSettings,
         queued_work_s: Callable[[], float] = lambda: 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.settings = settings
+        self.settings, self.clock = settings, clock
         self.queued_work_s = queued_work_s
         """The model work queued now, in seconds (the runner's estimate)."""
         self.admitted: set[Ticket] = set()
@@ -188,6 +255,8 @@ class Admission:
         self.cost_s = 0.0
         """Model time per request, weighted mean (0 until one was measured)."""
         self.stats = AdmissionStats()
+        self.patience = Patience(settings.patience_quantile, clock)
+        """How long callers that send no deadline wait (learned from those that left)."""
         self._measured = 0
         self._weight = 1 - 0.5 ** (1 / settings.cost_halflife)
 
@@ -196,10 +265,19 @@ class Admission:
         follows a rise at once and decays by a tenth a tick."""
         self.loop_lag_s = max(late_s, 0.9 * self.loop_lag_s)
 
-    def deadline(self, timeout_ms: float) -> Deadline:
-        """A request's deadline ``timeout_ms`` after its caller sent it: a request reaches
-        its route only after the event loop's lag, so that much of its time is gone."""
-        return Deadline.after_ms(timeout_ms - self.loop_lag_s * 1e3)
+    def deadline(self, timeout_ms: float | None = None) -> Deadline:
+        """A request's deadline ``timeout_ms`` after its caller sent it (a request reaches
+        its route only after the event loop's lag, so that much of its time is gone). A
+        caller that sends none (``None``) gets the default, all of it budgeted — or, while
+        callers like it are seen to leave sooner, the time they wait (see the module)."""
+        lag_ms = self.loop_lag_s * 1e3
+        if timeout_ms is not None:
+            return Deadline.after_ms(timeout_ms - lag_ms, self.clock)
+        default_ms = float(self.settings.default_timeout_ms)
+        patience_s = self.patience.estimate_s()
+        if patience_s is None or patience_s * 1e3 >= default_ms:
+            return Deadline.after_ms(default_ms - lag_ms, self.clock, share=1.0, stated=False)
+        return Deadline.after_ms(patience_s * 1e3 - lag_ms, self.clock, stated=False)
 
     @property
     def inflight(self) -> int:
@@ -255,6 +333,8 @@ class Admission:
             self.admitted.discard(ticket)
             if ticket.model_s > 0:
                 self._observe_cost(ticket.model_s)
+            if not deadline.stated and deadline.left_after_s is not None:
+                self.patience.observe(deadline.left_after_s + self.loop_lag_s)
 
     def _refuse_if_overloaded(self, deadline: Deadline) -> None:
         if self.inflight >= self.settings.max_inflight:
@@ -265,12 +345,14 @@ class Admission:
             # admitted, nothing measured), so one slow request — a cold start, a stalled
             # CPU — would have the pod refuse everything from then on
             return
-        if wait + self.cost_s > self.settings.budget_share * left:
+        share = self.settings.budget_share if deadline.share is None else deadline.share
+        if wait + self.cost_s > share * left:
+            whose = "" if deadline.stated else " (none sent: the pod's)"
             self._shed(
                 "deadline",
                 f"an estimated {wait * 1e3:.0f} ms wait and {self.cost_s * 1e3:.0f} ms of model"
-                f" work exceed budget_share={self.settings.budget_share:g} of the"
-                f" {left * 1e3:.0f} ms left before the deadline",
+                f" work exceed {'budget_share=' if deadline.share is None else ''}{share:g} of"
+                f" the {left * 1e3:.0f} ms left before the deadline{whose}",
             )
 
     def _shed(self, reason: str, why: str) -> None:

@@ -447,6 +447,13 @@ def loadtest(
     factor: Annotated[float, typer.Option(min=1.0, help="overload: × capacity.")] = 4.0,
     duration: Annotated[float, typer.Option(min=1.0, help="overload: seconds of spike.")] = 15.0,
     deadline_ms: DeadlineOption = 1_000,
+    silent_callers: Annotated[
+        bool,
+        typer.Option(
+            help="overload: callers give up at --deadline-ms without sending it (the server"
+            " goes by its default deadline and what it learns from callers that leave)."
+        ),
+    ] = False,
     protocol: ProtocolOption = "json",
 ) -> None:
     """A workload against cache-enabled and cache-disabled servers side by side (the profile
@@ -454,7 +461,9 @@ def loadtest(
     if scenario == "overload":
         from kvrank.tools.jobs import run_overload_test
 
-        run_overload_test(model, json_out, factor, duration, deadline_ms, candidates or 100)
+        run_overload_test(
+            model, json_out, factor, duration, deadline_ms, candidates or 100, not silent_callers
+        )
         return
     if scenario != "replay":
         raise typer.BadParameter("replay or overload", param_hint="--scenario")

@@ -171,9 +171,9 @@ class RankingService:
         return await self.cache.invalidate_user(user_id)
 
     def deadline(self, timeout_ms: float | None = None) -> Deadline:
-        """A request's deadline: ``timeout_ms`` after it was sent, else the configured
-        default (see :meth:`~kvrank.admission.Admission.deadline`)."""
-        return self.admission.deadline(timeout_ms or self.settings.admission.default_timeout_ms)
+        """A request's deadline: ``timeout_ms`` after it was sent, else the pod's (see
+        :meth:`~kvrank.admission.Admission.deadline`)."""
+        return self.admission.deadline(timeout_ms)
 
     async def score(
         self,

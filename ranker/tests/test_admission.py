@@ -210,3 +210,73 @@ def test_a_prefetch_runs_only_on_spare_model_time_and_only_shed_mode_refuses_it(
         admission.admit(Deadline.after_ms(1000, clock)),
     ):
         assert admission.prefetch_refusal() == ("inflight" if mode == "shed" else None)
+
+
+def test_a_caller_without_a_deadline_is_refused_only_when_its_wait_would_not_fit_the_default(
+    clock,
+) -> None:
+    """Three rankers whose Redis restarted empty: misses queue 1.1 s of model work. A caller
+    that sent no deadline would be answered in ~1.3 s of the server's default 5 s — it is
+    admitted; one that sent 5 s is budgeted a quarter of them, as it asked to be."""
+    queued = [0.0]
+    admission = Admission(AdmissionSettings(budget_share=0.25), lambda: queued[0], clock)
+    measured(admission, clock, 0.157)
+    queued[0] = 1.1
+    with admission.admit(admission.deadline()):
+        pass
+    with pytest.raises(Overloaded), admission.admit(admission.deadline(5_000)):
+        pytest.fail("admitted past its budget_share")
+    queued[0] = 5.0  # a wait past the default itself: refused, saying whose deadline it was
+    with pytest.raises(Overloaded) as shed, admission.admit(admission.deadline()):
+        pytest.fail("admitted past the default deadline")
+    assert "of the 5000 ms left before the deadline (none sent: the pod's)" in str(shed.value)
+
+
+def leave_after(admission: Admission, clock: Clock, waited_s: float, n: int) -> None:
+    """``n`` callers without a deadline, each hanging up after ``waited_s``."""
+    for _ in range(n):
+        deadline = admission.deadline()
+        with pytest.raises(Abandoned), admission.admit(deadline) as ticket:
+            clock.now += waited_s
+            deadline.leave()
+            ticket.check("encode")
+
+
+def test_callers_without_a_deadline_that_leave_early_are_given_the_time_they_wait(clock) -> None:
+    """A spike from callers that give up after a second without saying so: once the pod
+    has seen them leave, the next ones get a second, budgeted as a sent one — shed while
+    the wait would not fit in a quarter of it, instead of queued for the default 5 s."""
+    queued = [0.0]
+    admission = Admission(AdmissionSettings(), lambda: queued[0], clock)
+    measured(admission, clock, 0.05)
+    leave_after(admission, clock, 1.0, n=7)
+    assert admission.patience.estimate_s() is None  # seven: not yet enough to go by
+    assert admission.deadline().left_s() == pytest.approx(5.0)
+    leave_after(admission, clock, 1.0, n=1)
+    assert admission.patience.estimate_s() == pytest.approx(1.0)
+    quiet = admission.deadline()
+    assert quiet.left_s() == pytest.approx(1.0) and not quiet.stated
+    queued[0] = 0.5
+    with pytest.raises(Overloaded) as shed, admission.admit(admission.deadline()):
+        pytest.fail("admitted with half a second of work ahead of a one-second caller")
+    assert "exceed budget_share=0.25 of the 1000 ms left" in str(shed.value)
+    queued[0] = 0.1
+    with admission.admit(admission.deadline()):
+        pass  # 100 ms ahead + 50 ms of its own: within a quarter of its second
+    # a caller that says how long it waits is taken at its word
+    assert admission.deadline(3_000).left_s() == pytest.approx(3.0)
+    # callers that wait longer than the default teach nothing: the default holds
+    slow = Admission(AdmissionSettings(), clock=clock)
+    leave_after(slow, clock, 8.0, n=10)
+    assert slow.deadline().left_s() == pytest.approx(5.0)
+
+
+def test_the_learned_wait_is_forgotten_once_callers_stop_leaving(clock) -> None:
+    admission = Admission(AdmissionSettings(patience_quantile=0.1), clock=clock)
+    for waited in (0.2, 0.9, 1.0, 1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 3.0):
+        leave_after(admission, clock, waited, n=1)
+    # a low quantile: most of the callers that left waited at least this long
+    assert admission.patience.estimate_s() == pytest.approx(0.9)
+    clock.now += 61  # a minute without anyone leaving: callers wait now
+    assert admission.patience.estimate_s() is None
+    assert admission.deadline().left_s() == pytest.approx(5.0)

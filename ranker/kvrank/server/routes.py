@@ -152,7 +152,7 @@ async def _caller_watched(request: Request, deadline: Deadline) -> AsyncIterator
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        deadline.caller_left = True
+        deadline.leave()
 
     watcher = asyncio.create_task(watch())
     try:

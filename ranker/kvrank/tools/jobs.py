@@ -205,6 +205,7 @@ def run_overload_test(
     duration_s: float,
     deadline_ms: int,
     candidates: int,
+    sends_deadline: bool = True,
 ) -> dict[str, Any]:
     import tempfile
 
@@ -212,7 +213,12 @@ def run_overload_test(
     from kvrank.tools.overload import OverloadSettings, run_overload
 
     settings = OverloadSettings(
-        factor, duration_s, deadline_ms, candidates, capacity_s=min(5.0, duration_s)
+        factor,
+        duration_s,
+        deadline_ms,
+        candidates,
+        capacity_s=min(5.0, duration_s),
+        sends_deadline=sends_deadline,
     )
     with tempfile.TemporaryDirectory(prefix="kvrank-overload-") as tmp:
         model_dir, source = model_dir_for(model, Path(tmp))
@@ -231,7 +237,8 @@ def _print_overload(summary: dict[str, Any]) -> None:
     readings = " / ".join(f"{r:.1f}" for r in summary["capacity_readings_qps"])
     table = Table(
         title=f"kvrank loadtest — overload: {summary['offered_qps']:.0f}/s ({s['factor']:g}× the"
-        f" miss capacity) for {s['duration_s']:g} s, {s['deadline_ms']} ms deadlines; capacity"
+        f" miss capacity) for {s['duration_s']:g} s, {s['deadline_ms']} ms deadlines"
+        f"{'' if s.get('sends_deadline', True) else ' (not sent)'}; capacity"
         f" {summary['capacity_qps']:.1f}/s (before / after: {readings}), idle"
         f" {summary['idle_ms']:.1f} ms"
     )

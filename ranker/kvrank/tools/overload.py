@@ -5,7 +5,8 @@ before the first spike and after its recovery, the mean of the two) and its idle
 then, for each admission mode, starts a fresh ``kvrank serve`` (no Redis:
 every request is a miss, the hardest case) and offers it ``factor`` × that capacity for
 ``duration_s``, open loop, each caller sending its deadline (``x-kvrank-timeout-ms``) and
-giving up when it passes. Meanwhile ``/healthz`` is probed and the server's memory sampled;
+giving up when it passes (or, ``sends_deadline=False``, giving up without having said
+so). Meanwhile ``/healthz`` is probed and the server's memory sampled;
 after the spike, a fresh request is sent every 50 ms until one is answered within 3× the
 idle latency (the recovery time). Reports goodput (answered within the deadline) against
 capacity × duration, shed answers and their latency, p99 of the admitted, what the server
@@ -44,11 +45,14 @@ class OverloadSettings:
     """The offered rate, in multiples of the measured miss capacity."""
     duration_s: float = 15.0
     deadline_ms: int = 1_000
-    """Each caller's deadline: sent in the header, and when it gives up."""
+    """Each caller's deadline: when it gives up, and sent in the header (``sends_deadline``)."""
     candidates: int = 100
     capacity_s: float = 5.0
     """How long the miss capacity is measured for."""
     modes: tuple[str, ...] = MODES
+    sends_deadline: bool = True
+    """False: the callers give up at their deadline without saying so (the server's
+    default deadline applies, and what it learns from the callers that leave)."""
 
 
 @dataclass
@@ -90,10 +94,13 @@ def request_pool(model_dir: Path, candidates: int) -> list[dict[str, Any]]:
 
 
 async def _post(
-    session: aiohttp.ClientSession, url: str, body: bytes, deadline_ms: int
+    session: aiohttp.ClientSession, url: str, body: bytes, deadline_ms: int, send: bool = True
 ) -> tuple[int, float]:
+    """One request, given up at ``deadline_ms`` (sent in its header when ``send``)."""
     t0 = time.monotonic()
-    headers = {"content-type": "application/json", TIMEOUT_HEADER: str(deadline_ms)}
+    headers = {"content-type": "application/json"}
+    if send:
+        headers[TIMEOUT_HEADER] = str(deadline_ms)
     try:
         async with session.post(
             f"{url}/v1/score",
@@ -144,7 +151,9 @@ async def spike(
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(at: float, body: bytes) -> None:
-            status, ms = await _post(session, url, body, settings.deadline_ms)
+            status, ms = await _post(
+                session, url, body, settings.deadline_ms, settings.sends_deadline
+            )
             run.outcomes.append(Outcome(at, ms, status))
 
         async def probe() -> None:
