@@ -106,12 +106,12 @@ class AdmissionSettings(BaseModel):
         " and a pod admitting up to the very deadline finishes work after its callers left.",
     )
     patience_quantile: float = Field(
-        0.1,
+        0.5,
         gt=0,
         lt=1,
-        description="For callers that send no deadline: the share of the recent ones that"
-        " disconnected (after waiting at least as long as the deadline they are then given);"
-        " a low quantile of how long they waited.",
+        description="For callers that send no deadline: the quantile of how long the recent"
+        " ones that disconnected had waited, given to the next ones as their deadline (the"
+        " median caller's; budget_share is the margin, as for a sent deadline).",
     )
     cost_halflife: int = Field(
         32,

@@ -275,7 +275,7 @@ def test_the_learned_wait_is_forgotten_once_callers_stop_leaving(clock) -> None:
     admission = Admission(AdmissionSettings(patience_quantile=0.1), clock=clock)
     for waited in (0.2, 0.9, 1.0, 1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 3.0):
         leave_after(admission, clock, waited, n=1)
-    # a low quantile: most of the callers that left waited at least this long
+    # the tenth percentile: nine in ten of the callers that left waited at least this long
     assert admission.patience.estimate_s() == pytest.approx(0.9)
     clock.now += 61  # a minute without anyone leaving: callers wait now
     assert admission.patience.estimate_s() is None
