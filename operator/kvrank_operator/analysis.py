@@ -20,11 +20,11 @@ from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvrank_common import CACHED_OUTCOMES, REQUESTS_METRIC
 from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import CHECKS, Check, PrometheusEndpoint, RankerSpec
-from kvrank_operator.ttl import CACHED_OUTCOMES, REQUESTS_METRIC
 
 SCORE_ROUTES = "/v1/score|/v2/models/.+/infer|/inference[.]GRPCInferenceService/ModelInfer"
 """The routes a ranker answers scoring requests on (a regular expression, fully matched as

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvrank_common import ADMISSION_MODES
 from kvrank_operator.core_types import SCHEMAS
 from kvrank_operator.crd_descriptions import described
 from kvrank_operator.spec import (
-    ADMISSION_MODES,
     CHECKS,
     HOST_PATH_REFUSED,
     ROUTING_MODES,

@@ -11,17 +11,12 @@ import logging
 import urllib.request
 from dataclasses import dataclass
 
+from kvrank_common import CACHED_OUTCOMES, HIT_RATIO_METRIC, INTERVAL_METRIC, REQUESTS_METRIC
 from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import PrometheusEndpoint, RankerSpec
-from kvrank_operator.ttl import (
-    CACHED_OUTCOMES,
-    HIT_RATIO_METRIC,
-    INTERVAL_METRIC,
-    REQUESTS_METRIC,
-    parse_gauge,
-)
+from kvrank_operator.ttl import parse_gauge
 
 log = logging.getLogger("kvrank_operator.sources")
 TIMEOUT_S = 3.0

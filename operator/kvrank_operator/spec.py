@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from kubernetes.utils import parse_quantity as kubernetes_quantity
 
+from kvrank_common import ADMISSION_MODES, TTL_FACTOR, TTL_JITTER, TTL_MAX_S, TTL_MIN_S
 from kvrank_operator import __version__
 from kvrank_operator.errors import SpecError
 
@@ -266,11 +267,11 @@ class TTLSpec:
 
     mode: Literal["auto", "fixed"] = "auto"
     fixed_seconds: float | None = None
-    factor: float = 3.0
+    factor: float = TTL_FACTOR
     """A user returning within ~3 mean intervals still finds their entry."""
-    min_seconds: float = 1.0
-    max_seconds: float = 300.0
-    jitter: float = 0.1
+    min_seconds: float = TTL_MIN_S
+    max_seconds: float = TTL_MAX_S
+    jitter: float = TTL_JITTER
     source: Literal["pods", "prometheus"] = "pods"
     prometheus: PrometheusEndpoint | None = None
     interval_seconds: int = 30
@@ -316,9 +317,6 @@ class RoutingSpec:
     cluster_domain: str = "cluster.local"
     """The cluster's DNS domain: the router finds each version's pods by name."""
     gateway: GatewayRef = field(default_factory=GatewayRef)
-
-
-ADMISSION_MODES = ("shed", "drop", "off")
 
 
 @dataclass(frozen=True)

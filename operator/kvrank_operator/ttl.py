@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvrank_common import INTERVAL_METRIC, clamp_ttl
 from kvrank_operator.spec import TTLSpec
 
 HYSTERESIS = 0.10
 """Ignore a new TTL within ±10 % of the current one."""
-INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"
-HIT_RATIO_METRIC = "kvrank_cache_hit_ratio"
-REQUESTS_METRIC = "kvrank_requests_total"
-CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
-"""The ``outcome`` labels of a request served from a cache (the hit ratio's numerator)."""
 
 
 def parse_gauge(text: str, name: str, positive: bool = False) -> list[float]:
@@ -37,7 +33,7 @@ def parse_interval_means(text: str) -> list[float]:
 
 
 def target_ttl(mean_interval_s: float, spec: TTLSpec) -> float:
-    return min(max(mean_interval_s * spec.factor, spec.min_seconds), spec.max_seconds)
+    return clamp_ttl(mean_interval_s, spec.factor, spec.min_seconds, spec.max_seconds)
 
 
 def next_ttl(current: float | None, mean_interval_s: float | None, spec: TTLSpec) -> float | None:

@@ -20,11 +20,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from kvrank.tools.processes import PrometheusServer, free_port
+from kvrank_common import INTERVAL_METRIC, REQUESTS_METRIC
 from kvrank_operator.analysis import prometheus_window
 from kvrank_operator.certs import redis_tls
 from kvrank_operator.sources import from_prometheus
 from kvrank_operator.spec import PrometheusEndpoint, parse_spec
-from kvrank_operator.ttl import INTERVAL_METRIC, REQUESTS_METRIC
 
 TENANT = ("X-Scope-OrgID", "team-a")
 

@@ -24,7 +24,7 @@ from kvrank.model.config import QUICK
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import RankerProcess, samples
 from kvrank.tools.workload import Workload, WorkloadSettings
-from kvrank_operator.manifests.router import SHED_HEADER
+from kvrank_common import SHED_HEADER
 
 pytestmark = pytest.mark.slow
 BURST = 40

@@ -46,11 +46,11 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvrank.errors import Abandoned, Overloaded
+from kvrank_common import AdmissionMode
 
 TIMEOUT_HEADER = "x-kvrank-timeout-ms"
 """How long the caller will wait for its answer, in milliseconds (``timeout_header``'s
@@ -69,7 +69,7 @@ class AdmissionSettings(BaseModel):
     """The bounds of the scoring work one pod takes on (the server config's ``admission``)."""
 
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["shed", "drop", "off"] = Field(
+    mode: AdmissionMode = Field(
         "shed",
         description="shed: refuse what cannot be served in time and drop work nobody waits"
         " for; drop: queue every request, drop only work nobody waits for; off: queue and"

@@ -391,6 +391,20 @@ def check_model(
 DeadlineOption = Annotated[
     int, typer.Option(min=1, max=60_000, help="overload: each caller's deadline.")
 ]
+SilentOption = Annotated[
+    bool,
+    typer.Option(
+        help="overload: callers give up at --deadline-ms without sending it (the server"
+        " goes by its default deadline and what it learns from callers that leave)."
+    ),
+]
+ScenarioOption = Annotated[
+    str,
+    typer.Option(
+        help="replay: the workload, cache vs no cache; overload: a spike of --factor ×"
+        " one ranker's miss capacity, with and without admission control."
+    ),
+]
 ProtocolOption = Annotated[
     str,
     typer.Option(
@@ -437,23 +451,11 @@ def loadtest(
             " kvrank train --data movielens-100k)."
         ),
     ] = "synthetic",
-    scenario: Annotated[
-        str,
-        typer.Option(
-            help="replay: the workload, cache vs no cache; overload: a spike of --factor ×"
-            " one ranker's miss capacity, with and without admission control."
-        ),
-    ] = "replay",
+    scenario: ScenarioOption = "replay",
     factor: Annotated[float, typer.Option(min=1.0, help="overload: × capacity.")] = 4.0,
     duration: Annotated[float, typer.Option(min=1.0, help="overload: seconds of spike.")] = 15.0,
     deadline_ms: DeadlineOption = 1_000,
-    silent_callers: Annotated[
-        bool,
-        typer.Option(
-            help="overload: callers give up at --deadline-ms without sending it (the server"
-            " goes by its default deadline and what it learns from callers that leave)."
-        ),
-    ] = False,
+    silent_callers: SilentOption = False,
     protocol: ProtocolOption = "json",
 ) -> None:
     """A workload against cache-enabled and cache-disabled servers side by side (the profile

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from kvrank.admission import ABANDON_REASONS, ABANDON_STAGES, SHED_REASONS, Admission
 from kvrank.cache import CONSTANT_LABELS
+from kvrank_common import CACHED_OUTCOMES, HIT_RATIO_METRIC, REQUESTS_METRIC
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -33,7 +34,6 @@ INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600
 STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
 """Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
 OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
-CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 PROTOCOLS = ("json", "v2-http", "v2-grpc")
 """How a scoring request came: ``/v1/score``'s JSON body, the Open Inference Protocol's
 HTTP ``infer`` or its gRPC ``ModelInfer`` (the ``protocol`` label)."""
@@ -90,7 +90,7 @@ class Metrics:
             registry=r,
         ).labels(*values)
         self.hit_ratio = Gauge(
-            "kvrank_cache_hit_ratio",
+            HIT_RATIO_METRIC,
             "Share of requests served from a cache since start (windowed: from"
             " kvrank_requests_total)",
             names,
@@ -126,7 +126,7 @@ class Metrics:
         """Scoring requests and their latency, by cache outcome and protocol."""
         r = self.registry
         requests = Counter(
-            "kvrank_requests",
+            REQUESTS_METRIC.removesuffix("_total"),
             "Scoring requests by outcome and protocol",
             [*names, "outcome", "protocol"],
             registry=r,

@@ -27,10 +27,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvrank_common import SHED_HEADER
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import restricted_container, with_defaults
 from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
-from kvrank_operator.manifests.router import SHED_HEADER
 from kvrank_operator.spec import RankerSpec
 
 UPSTREAM_PORT = 8083

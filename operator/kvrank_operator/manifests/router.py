@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvrank_common import SHED_HEADER
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     GRPC_PORT,
@@ -70,7 +71,6 @@ ROUTABLE = "/routable"
 RETRY_ON = "connect-failure,reset,retriable-headers"
 """Retried on another pod: the request never reached a ranker, its pod went away, or the
 ranker shed it (a header listed in ``retriable_headers``)."""
-SHED_HEADER = "x-kvrank-shed"
 """What a ranker's answer carries when it shed the request (admission control): retried once
 on another pod, within :data:`RETRY_BUDGET_PERCENT`."""
 GRPC_RETRY_ON = "connect-failure,reset,resource-exhausted"

@@ -9,7 +9,7 @@ infinite TTL) misses only each user's first request.
 
 The TTL kvrank would pick comes from the product's own pieces: the ranker's
 :class:`~kvrank.cache.ttl.IntervalTracker` fed the compressed timeline on a virtual clock, and
-:func:`~kvrank.cache.ttl.clamp_ttl` (the formula the operator applies cluster-wide). Pure
+:func:`~kvrank.cache.ttl.ttl_for` (the formula the operator applies cluster-wide). Pure
 computation, no servers.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvrank.cache import IntervalTracker, TTLSettings, clamp_ttl
+from kvrank.cache import IntervalTracker, TTLSettings, ttl_for
 from kvrank.data.movielens import MovieLens
 
 TTLS_S = (1.0, 3.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3_600.0, 86_400.0)
@@ -53,7 +53,7 @@ def measured_ttl(
         tracker.observe(str(user))
     mean = tracker.mean()
     assert mean is not None, "a replay of 100,000 requests always measures intervals"
-    return {"mean_interval_s": mean, "ttl_s": clamp_ttl(mean, settings)}
+    return {"mean_interval_s": mean, "ttl_s": ttl_for(mean, settings)}
 
 
 def ttl_curve(

@@ -41,7 +41,7 @@ from kvrank.cache.tiered import (
     Tier,
     TieredCache,
 )
-from kvrank.cache.ttl import AdaptiveTTL, IntervalTracker, TTLSettings, clamp_ttl
+from kvrank.cache.ttl import AdaptiveTTL, IntervalTracker, TTLSettings, ttl_for
 
 __all__ = [
     "CONSTANT_LABELS",
@@ -75,10 +75,10 @@ __all__ = [
     "Tier",
     "TieredCache",
     "acl_rules",
-    "clamp_ttl",
     "extend_chain",
     "l1_and_redis",
     "purge_namespace",
     "sequence_chain",
+    "ttl_for",
     "user_columns",
 ]

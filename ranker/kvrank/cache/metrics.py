@@ -17,6 +17,7 @@ from kvrank.cache.host import HostStore
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.redis_store import RedisStore
 from kvrank.cache.tiered import TieredCache
+from kvrank_common import INTERVAL_METRIC
 
 CONSTANT_LABELS = ("model_version", "cache_namespace")
 """``cache_namespace``, not ``namespace``: Prometheus adds a ``namespace`` target label (the
@@ -126,7 +127,7 @@ class CacheCollector(Collector):
         ttl = self.cache.ttl
         yield self._gauge("kvrank_cache_ttl_seconds", "TTL applied to new entries", ttl.current())
         yield self._gauge(
-            "kvrank_user_interval_mean_seconds",
+            INTERVAL_METRIC,
             "Mean per-user request interval (each user weighted equally); 0 until measured",
             ttl.tracker.mean() or 0.0,
         )

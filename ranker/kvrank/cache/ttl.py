@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvrank_common import TTL_FACTOR, TTL_JITTER, TTL_MAX_S, TTL_MIN_S, clamp_ttl
+
 
 class TTLSettings(BaseModel):
     """The TTL policy's knobs: the ``ttl`` section of the ranker's config file.
@@ -33,19 +35,22 @@ class TTLSettings(BaseModel):
         description="Set (by config or the operator): overrides the measured TTL.",
     )
     factor: float = Field(
-        3.0,
+        TTL_FACTOR,
         gt=0,
         le=100,
         description="A user returning within ~3 mean intervals still finds their entry.",
     )
-    min_seconds: float = Field(1.0, gt=0)
+    min_seconds: float = Field(TTL_MIN_S, gt=0)
     max_seconds: float = Field(
-        300.0,
+        TTL_MAX_S,
         gt=0,
         description="Five minutes: beyond that, incremental updates keep entries fresher.",
     )
     jitter: float = Field(
-        0.1, ge=0, le=0.5, description="±10 % so entries written together do not expire together."
+        TTL_JITTER,
+        ge=0,
+        le=0.5,
+        description="±10 % so entries written together do not expire together.",
     )
     default_seconds: float = Field(
         60.0, gt=0, description="Used until intervals are measured (after a minute's watch)."
@@ -60,8 +65,8 @@ class TTLSettings(BaseModel):
         return self
 
 
-def clamp_ttl(mean_interval_s: float, s: TTLSettings) -> float:
-    return min(max(mean_interval_s * s.factor, s.min_seconds), s.max_seconds)
+def ttl_for(mean_interval_s: float, s: TTLSettings) -> float:
+    return clamp_ttl(mean_interval_s, s.factor, s.min_seconds, s.max_seconds)
 
 
 @dataclass
@@ -136,7 +141,7 @@ class AdaptiveTTL:
         if s.fixed_seconds is not None:
             return s.fixed_seconds
         mean = self.tracker.mean()
-        return s.default_seconds if mean is None else clamp_ttl(mean, s)
+        return s.default_seconds if mean is None else ttl_for(mean, s)
 
     def jittered(self, ttl_s: float) -> float:
         """``ttl_s`` moved by up to ±jitter, so entries written together expire apart."""

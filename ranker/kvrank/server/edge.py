@@ -32,12 +32,12 @@ from kvrank.admission import Deadline
 from kvrank.errors import HeaderError, Overloaded
 from kvrank.metrics import INFER_ROUTES, SCORE_ROUTE
 from kvrank.server import logs
+from kvrank_common import SHED_HEADER
 
 log = logging.getLogger("kvrank.server")
 MAX_REQUEST_ID = 128
 POD_HEADER = (b"x-kvrank-pod", socket.gethostname().encode("latin-1", "replace"))
 """Which pod answered: its host name (in Kubernetes, the pod's name)."""
-SHED_HEADER = "x-kvrank-shed"
 """On a shed answer (its reason): what a router retries on another pod, and only that — a
 503 for any other cause is not retried."""
 

@@ -9,7 +9,7 @@ import pytest
 from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings, sequence_chain
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
-from kvrank.cache.ttl import IntervalTracker, clamp_ttl
+from kvrank.cache.ttl import IntervalTracker, ttl_for
 
 
 class Clock:
@@ -153,7 +153,7 @@ async def test_l1_expiry_and_oversized_entries(factory, tiny_cfg) -> None:
 
 def test_ttl_formula_and_measured_intervals() -> None:
     s = TTLSettings(factor=3, min_seconds=1, max_seconds=300)
-    assert clamp_ttl(10, s) == 30 and clamp_ttl(0.1, s) == 1 and clamp_ttl(1000, s) == 300
+    assert ttl_for(10, s) == 30 and ttl_for(0.1, s) == 1 and ttl_for(1000, s) == 300
     clock = Clock()
     ttl = AdaptiveTTL(s, IntervalTracker(min_samples=5, min_watch_s=0, clock=clock))
     assert ttl.current() == s.default_seconds  # not enough data yet

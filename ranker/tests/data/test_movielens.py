@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kvrank.bench.timeline import request_gaps, ttl_curve
-from kvrank.cache import TTLSettings, clamp_ttl
+from kvrank.cache import TTLSettings, ttl_for
 from kvrank.data import movielens
 from kvrank.data.movielens_features import MOVIELENS, NEGATIVES, MovieLensFeatures, gap_bucket
 from kvrank.errors import DatasetError
@@ -157,7 +157,7 @@ def test_the_real_timeline_gives_a_hit_ratio_curve_and_the_ttl_kvrank_picks(
     assert ratios == sorted(ratios) and ratios[-1] <= compressed["oracle_hit_ratio"]
     assert compressed["oracle_hit_ratio"] == pytest.approx(1 - 943 / 100_000)
     picked = compressed["formula"]
-    assert picked["ttl_s"] == clamp_ttl(picked["mean_interval_s"], TTLSettings())
+    assert picked["ttl_s"] == ttl_for(picked["mean_interval_s"], TTLSettings())
     gaps = request_gaps(ml)
     assert picked["hit_ratio"] == pytest.approx(np.mean(gaps / 1_000 <= picked["ttl_s"]))
     # on the real clock users come back after most of a day on average: the maximum binds
