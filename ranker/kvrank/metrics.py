@@ -212,6 +212,11 @@ class AdmissionCollector(Collector):
             "kvrank_estimated_wait_seconds": ("A new request's wait", a.estimated_wait_s()),
             "kvrank_request_model_seconds": ("Model time per request (mean)", a.cost_s),
             "kvrank_event_loop_lag_seconds": ("How far behind the event loop runs", a.loop_lag_s),
+            "kvrank_caller_patience_seconds": (
+                "The deadline given to callers that send none, learned from those that left"
+                " (0: none left lately; the default deadline applies)",
+                a.patience.estimate_s() or 0.0,
+            ),
         }
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=labels)

@@ -91,18 +91,17 @@ def encodes(url: str) -> float:
 
 
 async def burst(
-    url: str, bodies: list[dict[str, Any]], timeout_ms: int, give_up_s: float = 30.0
+    url: str, bodies: list[dict[str, Any]], timeout_ms: int | None, give_up_s: float = 30.0
 ) -> list[httpx.Response | str]:
-    """All of ``bodies`` at once, each with the deadline header; a caller that gives up
-    after ``give_up_s`` closes its connection (``"gave up"``)."""
+    """All of ``bodies`` at once, each with the deadline header (``None``: without one); a
+    caller that gives up after ``give_up_s`` closes its connection (``"gave up"``)."""
     limits = httpx.Limits(max_connections=len(bodies) + 4)
+    headers = {} if timeout_ms is None else {TIMEOUT_HEADER: str(timeout_ms)}
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=give_up_s) as client:
 
         async def one(body: dict[str, Any]) -> httpx.Response | str:
             try:
-                return await client.post(
-                    "/v1/score", json=body, headers={TIMEOUT_HEADER: str(timeout_ms)}
-                )
+                return await client.post("/v1/score", json=body, headers=headers)
             except httpx.TimeoutException:
                 return "gave up"
 
@@ -197,6 +196,52 @@ def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
         )
         assert metric(url, "kvrank_abandoned_requests_total", reason="deadline") == 2
         assert encodes(url) == 1  # the patient caller's only
+
+
+def test_callers_without_a_deadline_get_the_default_until_such_callers_are_seen_to_leave(
+    artifact, bodies, gate
+) -> None:
+    """Callers that send no deadline are given the default (5 s) whole: a burst whose wait
+    fits in it is admitted. Once eight such callers hung up after 0.3 s, the next ones are
+    given the time those waited, budgeted as a sent deadline: a burst is shed."""
+    held = [False]
+
+    def before_encode() -> None:
+        gate.wait() if held[0] else time.sleep(ENCODE_S)
+
+    with serving(artifact, before_encode) as url:
+        (warm,) = bodies(1, "warm")
+        assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # measures a miss
+        quiet = asyncio.run(burst(url, bodies(4, "quiet"), timeout_ms=None))
+        assert status_counts(quiet) == {200: 4}  # ~0.4 s of wait: well within 5 s
+        assert metric(url, "kvrank_caller_patience_seconds") == 0  # nothing learned
+
+        async def leavers() -> tuple[Any, ...]:
+            held[0] = True  # the next encode holds the model thread
+            first = asyncio.create_task(burst(url, bodies(1, "held"), timeout_ms=30_000))
+            await asyncio.to_thread(wait_for, "first queued", lambda: inflight(url) == 1)
+            leaving = burst(url, bodies(8, "leaving"), timeout_ms=None, give_up_s=0.3)
+            gone = await leaving
+            held[0] = False
+            gate.set()
+            return await first, gone
+
+        first, gone = asyncio.run(leavers())
+        assert status_counts(first) == {200: 1} and status_counts(gone) == {"gave up": 8}
+        wait_for(
+            "the leavers' work dropped",
+            lambda: metric(url, "kvrank_abandoned_requests_total", reason="disconnected") == 8,
+        )
+        learned = metric(url, "kvrank_caller_patience_seconds")
+        assert 0 < learned < 5.0, learned  # what they waited, not the default
+        # the held encode's time is in the model-time estimate: bring it back to a miss's
+        for warm_again in bodies(12, "again"):
+            ok = httpx.post(f"{url}/v1/score", json=warm_again, headers={TIMEOUT_HEADER: "30000"})
+            assert ok.status_code == 200
+        hasty = asyncio.run(burst(url, bodies(8, "hasty"), timeout_ms=None))
+        shed = [a for a in hasty if not isinstance(a, str) and a.status_code == 503]
+        assert shed, status_counts(hasty)
+        assert "(none sent: the pod's)" in shed[0].json()["error"], shed[0].json()
 
 
 def test_a_caller_that_gave_up_does_not_fail_another_sharing_its_computation(
