@@ -308,6 +308,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_DEVICE": "cpu",
         "KVRANK_ADMISSION_MODE": "drop",
         "KVRANK_ADMISSION_BUDGET_SHARE": "0.5",
+        "KVRANK_ADMISSION_PATIENCE_QUANTILE": "0.25",
     }
     names = environment_variables()
     assert {"KVRANK_REDIS_URL", "KVRANK_TTL_FIXED_SECONDS", "KVRANK_REDIS_OP_TIMEOUT_MS"} <= set(
