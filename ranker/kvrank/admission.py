@@ -201,8 +201,8 @@ def current_ticket() -> Ticket | None:
 
 
 class Patience:
-    """How long callers that send no deadline wait, learned from the ones that left: a low
-    quantile of the waits of the last ``keep`` departures within ``window_s`` (``None``
+    """How long callers that send no deadline wait, learned from the ones that left: the
+    ``quantile`` of the waits of the last ``keep`` departures within ``window_s`` (``None``
     until ``at_least`` of them, or when none left lately: callers that wait are patient)."""
 
     def __init__(

@@ -70,9 +70,8 @@ ROUTABLE = "/routable"
 """The router pods' readiness: the stable version's cluster has a healthy host."""
 RETRY_ON = "connect-failure,reset,retriable-headers"
 """Retried on another pod: the request never reached a ranker, its pod went away, or the
-ranker shed it (a header listed in ``retriable_headers``)."""
-"""What a ranker's answer carries when it shed the request (admission control): retried once
-on another pod, within :data:`RETRY_BUDGET_PERCENT`."""
+ranker shed it (a header listed in ``retriable_headers``: :data:`kvrank_common.SHED_HEADER`,
+retried once on another pod, within :data:`RETRY_BUDGET_PERCENT`)."""
 GRPC_RETRY_ON = "connect-failure,reset,resource-exhausted"
 """Retried on another pod over gRPC: as :data:`RETRY_ON`, a shed call being one answered
 ``RESOURCE_EXHAUSTED`` (admission control refused it before any work)."""
