@@ -1,6 +1,14 @@
-"""Spec fragments several operator test modules apply or build from."""
+"""Spec fragments several operator test modules apply or build from, and the readers they
+share: the repository's example specs, a workload's first container."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 SECRET_REF = {"name": "s", "key": "k"}
 POD_KNOBS = {
@@ -13,3 +21,15 @@ POD_KNOBS = {
     "securityContext": {"runAsUser": 20001, "runAsGroup": 20002, "fsGroup": 20003},
     "startupProbe": {"periodSeconds": 10, "failureThreshold": 90},
 }
+
+
+def example(name: str) -> dict[str, Any]:
+    """The ``spec`` of ``examples/<name>``, as a user would apply it."""
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLE_DIR / name).read_text())["spec"]
+    return spec
+
+
+def first_container(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment's, StatefulSet's or Job's first container."""
+    container: dict[str, Any] = obj["spec"]["template"]["spec"]["containers"][0]
+    return container

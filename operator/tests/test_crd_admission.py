@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from spec_fragments import POD_KNOBS
+from spec_fragments import EXAMPLE_DIR, POD_KNOBS
 from test_chart_monitoring_admission import install_crds
 
 from kvrank_operator.crd import API_VERSION
@@ -372,7 +372,7 @@ def test_a_valid_spec_is_admitted(admit, spec) -> None:
     assert admitted, message
 
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

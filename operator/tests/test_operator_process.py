@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from localkube.images import PAUSE_IMAGE
+from spec_fragments import EXAMPLE_DIR
 
 from kvrank.tools.processes import free_port, scrape
 from kvrank_operator.crd import API_VERSION
@@ -234,9 +235,6 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
 def _mismatches(want: Any, got: Any, path: str = "") -> list[str]:
     """Where ``got`` (a live object) differs from ``want`` (rendered): every rendered field
     must be there with its value; what the API server adds (defaults, status) is not asked."""
@@ -294,7 +292,7 @@ def test_render_prints_what_the_operator_applies(cluster, tmp_path: Path) -> Non
     with operator(cluster, ns, tmp_path) as op:
         try:
             for example in ("basic.yaml", "canary.yaml"):
-                doc = yaml.safe_load((EXAMPLES / example).read_text())
+                doc = yaml.safe_load((EXAMPLE_DIR / example).read_text())
                 doc["metadata"]["name"] = example.removesuffix(".yaml")
                 text = yaml.safe_dump(doc)
                 out = subprocess.run([cli, "render", "-f", "-", "--namespace", ns], input=text,

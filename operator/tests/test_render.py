@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from spec_fragments import EXAMPLE_DIR
 
 from kvrank_operator.render import REDACTED
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 CLI = str(Path(sys.executable).parent / "kvrank-operator")
 
 
@@ -107,7 +108,7 @@ def test_a_document_the_operator_would_refuse_is_refused_naming_the_field(doc, n
     assert named in out.stderr, out.stderr
 
 
-BASIC = (Path(__file__).parents[2] / "examples" / "basic.yaml").read_text()
+BASIC = (EXAMPLE_DIR / "basic.yaml").read_text()
 
 
 @pytest.mark.parametrize(
