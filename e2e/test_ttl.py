@@ -15,7 +15,7 @@ from rankers import Rankers
 from stack import NS, Stack, metric_values
 
 from kvrank_operator.spec import parse_spec
-from kvrank_operator.ttl import target_ttl
+from kvrank_operator.ttl_policy import target_ttl
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
 

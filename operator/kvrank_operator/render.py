@@ -28,7 +28,7 @@ from kvrank_operator.manifests.router import router_objects
 from kvrank_operator.rollout import effective
 from kvrank_operator.schema_check import problems
 from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
-from kvrank_operator.ttl import next_ttl
+from kvrank_operator.ttl_policy import next_ttl
 
 REDACTED = "<redacted: generated in the cluster>"
 KIND = ("kvrank.io/v1alpha1", "RankerDeployment")

@@ -16,7 +16,7 @@ from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import PrometheusEndpoint, RankerSpec
-from kvrank_operator.ttl import parse_gauge
+from kvrank_operator.ttl_policy import parse_gauge
 
 log = logging.getLogger("kvrank_operator.sources")
 TIMEOUT_S = 3.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvrank_operator.spec import parse_spec
-from kvrank_operator.ttl import next_ttl, parse_interval_means, target_ttl
+from kvrank_operator.ttl_policy import next_ttl, parse_interval_means, target_ttl
 
 
 def test_ttl_policy_with_hysteresis() -> None:
@@ -27,7 +27,7 @@ def test_ttl_policy_with_hysteresis() -> None:
 def test_the_pods_config_gives_them_the_ttl_policy_the_operator_tunes_by(knobs: dict) -> None:
     """The operator computes the TTL it writes into the pods' config from the policy it
     writes beside it; a pod reading that section applies the same TTL to the same mean."""
-    from kvrank.cache.ttl import TTLSettings, ttl_for
+    from kvrank.cache.adaptive_ttl import TTLSettings, ttl_for
 
     spec = parse_spec({"model": {"version": "v1", "uri": "/m"}, "ttl": knobs}).ttl
     ranker = TTLSettings(**spec.ranker_settings(None))

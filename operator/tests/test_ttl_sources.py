@@ -135,10 +135,10 @@ def test_the_tuner_reads_the_names_a_ranker_exports() -> None:
     from prometheus_client import generate_latest
 
     from kvrank.cache import AdaptiveTTL, CacheCollector, CacheSettings, L1Store, l1_and_redis
-    from kvrank.cache.ttl import IntervalTracker
+    from kvrank.cache.adaptive_ttl import IntervalTracker
     from kvrank.metrics import Metrics
     from kvrank_common import HIT_RATIO_METRIC, INTERVAL_METRIC, REQUESTS_METRIC
-    from kvrank_operator.ttl import parse_gauge
+    from kvrank_operator.ttl_policy import parse_gauge
 
     now = [100.0]
     tracker = IntervalTracker(min_samples=1, min_watch_s=0, clock=lambda: now[0])

@@ -2,8 +2,8 @@
 
 Every ``ttl.intervalSeconds`` it reads the mean per-user request interval (from the ranker
 pods or Prometheus, :mod:`kvrank_operator.sources`), applies the policy with hysteresis
-(:func:`kvrank_operator.ttl.next_ttl`) and returns the TTL in force: an input of the ranker
-ConfigMap, which the versions reconciler alone writes (pods hot-reload it). It also
+(:func:`kvrank_operator.ttl_policy.next_ttl`) and returns the TTL in force: an input of the
+ranker ConfigMap, which the versions reconciler alone writes (pods hot-reload it). It also
 publishes the hit ratio and the ``TTLSource`` condition, which says why no interval could
 be measured (never only a log line).
 """
@@ -19,7 +19,7 @@ from kvrank_operator.reconcilers.base import Pass, Report
 from kvrank_operator.sources import Observed, observe
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, TTLStatus
-from kvrank_operator.ttl import next_ttl
+from kvrank_operator.ttl_policy import next_ttl
 
 SOURCE = "TTLSource"
 

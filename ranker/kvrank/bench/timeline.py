@@ -8,9 +8,9 @@ TTL: the hit ratio of an unbounded cache is the share of gaps ≤ TTL, and the o
 infinite TTL) misses only each user's first request.
 
 The TTL kvrank would pick comes from the product's own pieces: the ranker's
-:class:`~kvrank.cache.ttl.IntervalTracker` fed the compressed timeline on a virtual clock, and
-:func:`~kvrank.cache.ttl.ttl_for` (the formula the operator applies cluster-wide). Pure
-computation, no servers.
+:class:`~kvrank.cache.adaptive_ttl.IntervalTracker` fed the compressed timeline on a virtual
+clock, and :func:`~kvrank.cache.adaptive_ttl.ttl_for` (the formula the operator applies
+cluster-wide). Pure computation, no servers.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ cross-pod lock (``lock``): ``l1`` keeps ``UserKV`` objects on the model's device
 tier failure is a miss, never an exception that reaches a request.
 """
 
+from kvrank.cache.adaptive_ttl import AdaptiveTTL, IntervalTracker, TTLSettings, ttl_for
 from kvrank.cache.compose import l1_and_redis
 from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason
 from kvrank.cache.host import HostStore
@@ -41,7 +42,6 @@ from kvrank.cache.tiered import (
     Tier,
     TieredCache,
 )
-from kvrank.cache.ttl import AdaptiveTTL, IntervalTracker, TTLSettings, ttl_for
 
 __all__ = [
     "CONSTANT_LABELS",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvrank.cache.adaptive_ttl import AdaptiveTTL
 from kvrank.cache.host import HostStore
 from kvrank.cache.l1 import L1Store
 from kvrank.cache.redis_store import RedisStore
 from kvrank.cache.tiered import CacheSettings, Outcome, Tier, TieredCache
-from kvrank.cache.ttl import AdaptiveTTL
 from kvrank.model.kv import UserKV
 
 

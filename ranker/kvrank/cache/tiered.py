@@ -27,12 +27,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from kvrank.cache.adaptive_ttl import AdaptiveTTL
 from kvrank.cache.entry import EntryCodec, ModelIdentity, Reason, describe
 from kvrank.cache.keys import CacheKey
 from kvrank.cache.lock import NO_LOCK, KeyLock, Lock, LockState
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
 from kvrank.cache.store import Store
-from kvrank.cache.ttl import AdaptiveTTL
 from kvrank.errors import CorruptEntryError
 from kvrank.model.kv import UserKV
 

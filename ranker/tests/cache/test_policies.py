@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from kvrank.cache import AdaptiveTTL, CacheKey, Head, L1Store, TTLSettings, sequence_chain
+from kvrank.cache.adaptive_ttl import IntervalTracker, ttl_for
 from kvrank.cache.breaker import CircuitBreaker
 from kvrank.cache.singleflight import SingleFlight, wait_for_peer
-from kvrank.cache.ttl import IntervalTracker, ttl_for
 
 
 class Clock:
