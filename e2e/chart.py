@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kvrank-operator"
 RELEASE = "kvrank"
 OPERATOR_NS = "kvrank-system"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator,!app.kubernetes.io/component"
+"""The operator's own pods (the chart's test and hook pods carry a component label)."""
 
 
 def monitoring_objects(cluster: Cluster) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import yaml
-from stack import MODEL_CONFIG, NS, REDIS_SELECTOR, REDIS_TLS_DIR, Stack
+from artifacts import MODEL_CONFIG
+from stack import NS, REDIS_SELECTOR, REDIS_TLS_DIR, Stack
 
 from kvrank.tools.workload import Workload, WorkloadSettings
 from kvrank_operator.manifests.common import deployment_name, redis_name

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chart import CHART, OPERATOR_NS, RELEASE
+from chart import CHART, OPERATOR_NS, OPERATOR_SELECTOR, RELEASE
 from prometheus_client.parser import text_string_to_metric_families
-from stack import NS, OPERATOR_SELECTOR, Stack
+from stack import NS, Stack
 
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 CRD = "rankerdeployments.kvrank.io"

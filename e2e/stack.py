@@ -15,27 +15,33 @@ namespaces labelled ``pod-security.kubernetes.io/enforce: restricted``.
   same images loaded with ``kind load``, traffic through ``kubectl port-forward``.
 
 A scenario talks to the stack (kubectl, waits, Services, metrics) through the operator's
-release (``release.py``) and its own RankerDeployments (``rankers.py``).
+release (``release.py``) and its own RankerDeployments (``rankers.py``). The models the stack
+serves and their store are ``artifacts.py``'s; the local backend's Prometheus is
+``local_prometheus.py``'s.
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
-import os
-import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from chart import OPERATOR_NS, RELEASE, alert_rules
+from artifacts import (
+    ARTIFACTS,
+    ARTIFACTS_PORT,
+    S3_BUCKET,
+    SLOW_PREFIX,
+    artifact_store,
+    write_models,
+)
+from chart import OPERATOR_NS, OPERATOR_SELECTOR, RELEASE
+from local_prometheus import Prometheus, start_prometheus
 from localkube.engine import Docker, Images
 from localkube.images import PAUSE_IMAGE
 from localkube.kind import KindCluster
@@ -46,148 +52,18 @@ from localkube.tools import Cluster
 from object_stores import S3
 
 from kvrank.admission import TIMEOUT_HEADER
-from kvrank.model.artifact import artifact_sha256, save_model, save_ranker
-from kvrank.model.config import TINY
-from kvrank.model.ranker import RankerModel
+from kvrank.model.artifact import artifact_sha256
 from kvrank.tools.processes import free_port_pair, samples
-from kvrank_operator.manifests import PodMonitoring, pod_monitor
-from kvrank_operator.manifests.ranker import COMPONENT_META
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "kvrank-e2e"
-OPERATOR_SELECTOR = "app.kubernetes.io/name=kvrank-operator,!app.kubernetes.io/component"
-"""The operator's own pods (the chart's test and hook pods carry a component label)."""
 REDIS_SELECTOR = "app.kubernetes.io/component=redis"
 REDIS_TLS_DIR = "/run/redis-tls"
 """Where a managed Redis pod with ``tls: true`` has its certificates."""
-ARTIFACTS = "artifacts"
-ARTIFACTS_PORT = 8000
-S3_BUCKET = "models"
-"""The bucket of the S3 store (local backend): the artifact store's files under ``s3://``."""
-HALVED = ("d_model", "n_heads", "max_events", "ns_tokens", "cand_tokens", "emb_dim")
-MODEL_CONFIG = TINY.model_copy(
-    update={k: getattr(TINY, k) // 2 for k in HALVED}
-    | {"n_layers": 2, "profile_buckets": 100, "n_categories": 64}
-)
-"""The test suites' ``TINY``, halved: the scenarios test serving and operations, not ranking
-quality, and every version they serve sits in one ConfigMap, which the API server caps at
-3 MiB (an artifact of ~100 KB, not ~800 KB)."""
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
 }
-
-
-SEEDS = {"v1": 0, "v2": 1, "v3": 2, "v4": 3, "v2.1": 1}
-"""One seed per version (different scores), except ``v2.1``: ``v2``'s weights under another
-version (a rebuild that changed nothing), so its scores equal ``v2``'s."""
-
-
-PLUGIN = "sasrec-ranker"
-PLUGIN_CONFIG = {"n_items": 300, "n_genres": 7, "d_model": 16, "n_heads": 2, "window": 12}
-"""A small config of the example plugin (``examples/sasrec``), served from its own image."""
-PLUGIN_VERSIONS = {"s1": (0, False), "s2": (1, False), "s3": (2, True)}
-"""version → (seed, listwise): ``s3`` lets candidates see the slate, which its pods refuse."""
-
-
-def write_models(root: Path) -> Path:
-    """``root/feed-ranker/<version>`` artifacts of every version in :data:`SEEDS`, and
-    ``root/sasrec-ranker/<version>`` of the example plugin's in :data:`PLUGIN_VERSIONS`."""
-    import torch
-    from kvrank_sasrec.model import build
-
-    for version, seed in SEEDS.items():
-        target = root / "feed-ranker" / version
-        if (target / "config.json").exists():
-            continue
-        torch.manual_seed(seed)
-        save_model(RankerModel(MODEL_CONFIG, version), target)
-    for version, (seed, listwise) in PLUGIN_VERSIONS.items():
-        torch.manual_seed(seed)
-        plugin = build({**PLUGIN_CONFIG, "slate_context": listwise}, version)
-        config = plugin.cfg.model_dump(mode="json")
-        save_ranker(plugin, root / PLUGIN / version, "sasrec", config)
-    return root
-
-
-SLOW_PREFIX = "/slow"
-SLOW_DELAY_S = 25
-ARTIFACT_SERVER = f"""
-import functools, http.server, time
-class Handler(http.server.SimpleHTTPRequestHandler):
-    def do_GET(self):
-        if self.path.startswith("{SLOW_PREFIX}/"):
-            time.sleep({SLOW_DELAY_S})
-            self.path = self.path[len("{SLOW_PREFIX}"):]
-        super().do_GET()
-handler = functools.partial(Handler, directory="/artifacts")
-http.server.ThreadingHTTPServer(("", {ARTIFACTS_PORT}), handler).serve_forever()
-"""
-"""Files under ``/artifacts``; below ``/slow/`` each answer waits ``SLOW_DELAY_S`` first
-(a model store far away, or a large model)."""
-
-
-def artifact_store(models: Path, image: str) -> list[dict[str, Any]]:
-    """An in-cluster HTTP artifact store serving ``models`` (a ConfigMap of the files and a
-    small HTTP server pod from the ranker image): model URIs work on any backend."""
-    files = sorted(p for p in models.rglob("*") if p.is_file())
-    keys = {p: re.sub(r"[^A-Za-z0-9._-]", ".", str(p.relative_to(models))) for p in files}
-    labels = {"app.kubernetes.io/name": ARTIFACTS}
-    pod_spec = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [
-            {
-                "name": "http",
-                "image": image,
-                "command": ["python", "-c", ARTIFACT_SERVER],
-                "ports": [{"name": "http", "containerPort": ARTIFACTS_PORT}],
-                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
-                "volumeMounts": [{"name": "files", "mountPath": "/artifacts"}],
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }
-        ],
-        "volumes": [
-            {
-                "name": "files",
-                "configMap": {
-                    "name": ARTIFACTS,
-                    "items": [{"key": keys[p], "path": str(p.relative_to(models))} for p in files],
-                },
-            }
-        ],
-    }
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": ARTIFACTS},
-            "binaryData": {keys[p]: base64.b64encode(p.read_bytes()).decode() for p in files},
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": ARTIFACTS, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": ARTIFACTS},
-            "spec": {"selector": labels, "ports": [{"name": "http", "port": ARTIFACTS_PORT}]},
-        },
-    ]
 
 
 class Stack:
@@ -464,9 +340,8 @@ class LocalStack(Stack):
         self, workdir: Path, docker: Docker, images: Images, cluster: LocalCluster
     ) -> None:
         super().__init__(workdir, docker, images, cluster)
-        self.prometheus_url = ""
+        self.prometheus: Prometheus | None = None
         self.s3_url = ""
-        self.discovery: PodTargets | None = None
 
     def start(self) -> LocalStack:
         try:
@@ -475,7 +350,7 @@ class LocalStack(Stack):
             node.images.import_from_docker(["docker"], self.docker.env, self.images.all())
             node.images.prune(keep={*self.images.all(), PAUSE_IMAGE})
             self.prepare_namespaces()
-            self._start_prometheus()
+            self.prometheus = start_prometheus(self.cluster, self.workdir / "prometheus", NS)
             self._start_s3()
         except BaseException:
             self.stop()
@@ -483,9 +358,8 @@ class LocalStack(Stack):
         return self
 
     def stop(self) -> None:
-        if self.discovery is not None:
-            self.discovery.stop()
-        self.cluster.supervisor.stop_named("prometheus")
+        if self.prometheus is not None:
+            self.prometheus.stop(self.cluster)
         self.cluster.supervisor.stop_named("s3")
         super().stop()
 
@@ -509,6 +383,12 @@ class LocalStack(Stack):
 
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "prometheus", "prometheus": {"url": self.prometheus_url}}
+
+    @property
+    def prometheus_url(self) -> str:
+        """Where pods (and the tests) reach the run's Prometheus."""
+        assert self.prometheus is not None, "Prometheus is not started"
+        return self.prometheus.url
 
     def command_lines(self) -> list[str]:
         """The node is this machine: its ``/proc`` holds every container's processes."""
@@ -537,194 +417,6 @@ class LocalStack(Stack):
         assert svc is not None, f"no service {service}"
         (port,) = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
         return f"{svc['spec']['clusterIP']}:{port}"
-
-    def _start_prometheus(self) -> None:
-        """Debian's Prometheus in the node's network namespace (pods reach it at the bridge
-        address), scraping the pods that :class:`PodTargets` lists through the API server."""
-        self.kubectl("create", "serviceaccount", "prometheus", "-n", NS)
-        for ns in (NS, OPERATOR_NS):  # the rankers and the operator: pods, read-only
-            self.kubectl("create", "role", "prometheus", "-n", ns, "--verb=get,list,watch",
-                         "--resource=pods")  # fmt: skip
-            self.kubectl("create", "rolebinding", "prometheus", "-n", ns, "--role=prometheus",
-                         f"--serviceaccount={NS}:prometheus")  # fmt: skip
-        prom_dir = self.workdir / "prometheus"
-        prom_dir.mkdir(parents=True, exist_ok=True)
-        targets = prom_dir / "targets.json"
-        kubeconfig = self.cluster.service_account_kubeconfig(NS, "prometheus", 4 * 3600)
-        self.discovery = PodTargets(kubeconfig, targets)
-        self.discovery.start()
-        rules = prom_dir / "rules.yaml"
-        rules.write_text(yaml.safe_dump(alert_rules(self.cluster)))
-        conf = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(rules)],
-            "scrape_configs": [
-                {
-                    "job_name": "kvrank",
-                    "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                }
-            ],
-        }
-        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(conf))
-        port = free_port()
-        assert self.cluster.network is not None
-        self.cluster.supervisor.start(
-            "prometheus",
-            self.cluster.network.wrap(
-                [
-                    "prometheus",
-                    f"--config.file={prom_dir / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={prom_dir / 'tsdb'}",
-                    f"--web.listen-address={POD_GATEWAY}:{port}",
-                ]
-            ),
-        )
-        self.prometheus_url = f"http://{POD_GATEWAY}:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{self.prometheus_url}/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, "Prometheus ready", 60, lambda: self.cluster.logs(40))
-
-
-def _prometheus_name(label: str) -> str:
-    """A Kubernetes label as prometheus-operator spells it in a target label."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
-
-
-def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """A label selector's ``matchLabels`` and ``In`` expressions, as the API server reads them."""
-    if not selector.get("matchLabels", {}).items() <= labels.items():
-        return False
-    for expr in selector.get("matchExpressions", []):
-        assert expr["operator"] == "In", expr
-        if labels.get(expr["key"]) not in expr["values"]:
-            return False
-    return True
-
-
-class PodTargets:
-    """Prometheus pod discovery through the API server, written as a ``file_sd`` file.
-
-    Debian's Prometheus is built without ``kubernetes_sd_configs``; this writes what
-    kube-prometheus-stack makes of kvrank's monitors. The operator's PodMonitor (its
-    ``podTargetLabels: [app.kubernetes.io/instance, kvrank.io/version]``): every Running
-    ranker pod annotated ``prometheus.io/scrape: "true"`` at ``podIP:prometheus.io/port``,
-    with the target labels ``namespace``, ``pod``, ``container``, ``endpoint``, ``job`` and
-    the two pod labels in Prometheus' spelling. The chart's ServiceMonitor: every operator
-    pod at its ``metrics`` port, labelled ``namespace``, ``pod``, ``container``,
-    ``endpoint``, ``service`` and ``job`` (the Service's name). It lists pods with
-    Prometheus' own ServiceAccount token, so its RBAC is exercised as in a cluster.
-    """
-
-    def __init__(self, kubeconfig: Path, out: Path) -> None:
-        from kubernetes import client, config
-
-        self.api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
-        self.out = out
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self) -> None:
-        self.write()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                self.write()
-            except Exception:
-                continue
-
-    def write(self) -> None:
-        tmp = self.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.targets()))
-        os.replace(tmp, self.out)
-
-    def targets(self) -> list[dict[str, Any]]:
-        return self.ranker_targets() + self.operator_targets()
-
-    def _running(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
-        pods = self.api.list_namespaced_pod(namespace, label_selector=selector).to_dict()
-        return [
-            p
-            for p in pods["items"]
-            if (p.get("status") or {}).get("phase") == "Running"
-            and p["status"].get("pod_ip")
-            and not p["metadata"].get("deletion_timestamp")
-        ]
-
-    def ranker_targets(self) -> list[dict[str, Any]]:
-        """What the operator's own PodMonitor (its builder, not a copy) selects and labels:
-        each pod it selects, at the port of each endpoint whose ``keep`` relabeling the pod's
-        component passes (ranker pods at ``/metrics``, router pods at Envoy's statistics)."""
-        out = []
-        for pod in self._running(NS):
-            meta = pod["metadata"]
-            labels = meta.get("labels") or {}
-            instance = labels.get("app.kubernetes.io/instance")
-            if not instance:
-                continue
-            monitor = pod_monitor(instance, NS, PodMonitoring())["spec"]
-            if not _selects(monitor["selector"], labels):
-                continue
-            # a port of any container, as prometheus-operator matches it (behind a queue
-            # proxy the pod's http port is the proxy container's)
-            ports = {
-                p["name"]: (p["container_port"], c["name"])
-                for c in pod["spec"]["containers"]
-                for p in c.get("ports") or []
-            }
-            copied = {_prometheus_name(k): labels.get(k, "") for k in monitor["podTargetLabels"]}
-            for endpoint in monitor["podMetricsEndpoints"]:
-                (keep,) = endpoint["relabelings"]
-                assert keep["sourceLabels"] == [COMPONENT_META] and keep["action"] == "keep"
-                component = labels.get("app.kubernetes.io/component", "")
-                if not re.fullmatch(keep["regex"], component) or endpoint["port"] not in ports:
-                    continue
-                out.append(
-                    {
-                        "targets": [f"{pod['status']['pod_ip']}:{ports[endpoint['port']][0]}"],
-                        "labels": {
-                            "__metrics_path__": endpoint["path"],
-                            "namespace": meta["namespace"],
-                            "pod": meta["name"],
-                            "container": ports[endpoint["port"]][1],
-                            "endpoint": endpoint["port"],
-                            "job": f"{meta['namespace']}/{instance}",
-                            **copied,
-                        },
-                    }
-                )
-        return out
-
-    def operator_targets(self) -> list[dict[str, Any]]:
-        out = []
-        for pod in self._running(OPERATOR_NS, OPERATOR_SELECTOR):
-            meta, container = pod["metadata"], pod["spec"]["containers"][0]
-            port = next(p["container_port"] for p in container["ports"] if p["name"] == "metrics")
-            service = f"{RELEASE}-kvrank-operator"
-            out.append(
-                {
-                    "targets": [f"{pod['status']['pod_ip']}:{port}"],
-                    "labels": {
-                        "namespace": meta["namespace"],
-                        "pod": meta["name"],
-                        "container": container["name"],
-                        "endpoint": "metrics",
-                        "service": service,
-                        "job": service,
-                    },
-                }
-            )
-        return out
 
 
 # ====================================================================== kind

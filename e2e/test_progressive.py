@@ -78,6 +78,12 @@ def test_an_identical_canary_warms_on_shadow_traffic_and_is_promoted_step_by_ste
             lambda: ranker.must_get()["spec"]["model"]["version"] == "v2.1", "v2.1 promoted", 300
         )
         ranker.wait_ready("on v2.1")
+    _assert_promoted_through_both_steps(ranker, traffic)
+
+
+def _assert_promoted_through_both_steps(ranker: Ranker, traffic: Traffic) -> None:
+    """Promoted with every check passed (the same weights: equal scores), its first real
+    answers from a warm cache, no request failed, and the Events of each stage posted."""
     done = ranker.rollout()
     assert done["phase"] == "Promoted", done
     assert "canary" not in ranker.must_get()["spec"]

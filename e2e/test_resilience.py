@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from rankers import Rankers, body
+from rankers import Ranker, Rankers, body
 from release import OperatorRelease
 from stack import NS, Stack, metric_values
 
@@ -120,7 +120,12 @@ def test_a_redis_node_deleted_under_load_costs_no_request_and_the_cluster_heals(
     assert sum(errors) > 0, "the rankers never noticed the dead Redis node"
     failed = [r for r in results if r[0] != 200]
     assert not failed, f"{len(failed)}/{len(results)} requests failed: {failed[:5]}"
-    # every node agrees: all slots served, no forgotten id left behind
+    _assert_the_cluster_healed(stack, ranker)
+
+
+def _assert_the_cluster_healed(stack: Stack, ranker: Ranker) -> None:
+    """Every node agrees (all slots served, no forgotten id left behind), the operator said
+    it healed uncovered slots, and the cluster is an L2 again."""
     pods = ranker.redis_pods()
     assert len(pods) == 3
     for pod in pods:

@@ -13,9 +13,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from rankers import CANDIDATES, NOWHERE, Rankers, example
+from artifacts import MODEL_CONFIG, PLUGIN
+from rankers import CANDIDATES, NOWHERE, Ranker, Rankers, example
 from release import OperatorRelease
-from stack import MODEL_CONFIG, NS, PLUGIN, Stack
+from stack import NS, Stack
 
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model, load_ranker
@@ -33,26 +34,7 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
 ) -> None:
     ranker = rankers.create("feed")
     name = ranker.name
-    uid = ranker.must_get()["metadata"]["uid"]
-    owned = [
-        ("deployment", f"{name}-v1"),
-        ("service", name),
-        ("service", f"{name}-v1"),
-        ("configmap", f"{name}-config"),
-        ("pdb", name),
-        ("statefulset", f"{name}-redis"),
-        ("secret", f"{name}-redis-auth"),
-        ("secret", f"{name}-cache-key"),
-        ("networkpolicy", f"{name}-redis"),
-        ("networkpolicy", name),
-        ("networkpolicy", f"{name}-default-deny"),
-        ("job", f"{name}-redis-bootstrap"),
-    ]
-    for kind, obj_name in owned:
-        obj = stack.get(kind, obj_name)
-        assert obj is not None, f"{kind}/{obj_name} missing\n{stack.report()}"
-        refs = obj["metadata"].get("ownerReferences") or []
-        assert refs and refs[0]["uid"] == uid, f"{kind}/{obj_name} is not owned by {name}"
+    _assert_it_owns_its_objects(stack, ranker)
     assert ranker.ready_replicas("v1") == 2
     assert len(stack.endpoints(name)) == 2
     assert ranker.namespaces() == {ranker.cache_namespace("v1"): "active"}
@@ -93,6 +75,32 @@ def test_the_basic_example_serves_the_models_scores_and_caches(
     # status.url is where in-cluster callers score (the test pod reached /readyz there)
     url = ranker.status()["url"]
     assert url == f"http://{name}.{NS}.svc:8080" and f"ok   200 {url}/readyz" in log, log
+
+
+def _assert_it_owns_its_objects(stack: Stack, ranker: Ranker) -> None:
+    """Every object the basic example makes exists and is owned by its RankerDeployment
+    (deleted with it)."""
+    name = ranker.name
+    uid = ranker.must_get()["metadata"]["uid"]
+    owned = [
+        ("deployment", f"{name}-v1"),
+        ("service", name),
+        ("service", f"{name}-v1"),
+        ("configmap", f"{name}-config"),
+        ("pdb", name),
+        ("statefulset", f"{name}-redis"),
+        ("secret", f"{name}-redis-auth"),
+        ("secret", f"{name}-cache-key"),
+        ("networkpolicy", f"{name}-redis"),
+        ("networkpolicy", name),
+        ("networkpolicy", f"{name}-default-deny"),
+        ("job", f"{name}-redis-bootstrap"),
+    ]
+    for kind, obj_name in owned:
+        obj = stack.get(kind, obj_name)
+        assert obj is not None, f"{kind}/{obj_name} missing\n{stack.report()}"
+        refs = obj["metadata"].get("ownerReferences") or []
+        assert refs and refs[0]["uid"] == uid, f"{kind}/{obj_name} is not owned by {name}"
 
 
 def test_the_quickstart_applied_as_it_is_answers_the_readmes_request_through_status_url(

@@ -4,14 +4,16 @@ its liveness probe allows, with a Redis that speaks TLS only."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from rankers import Rankers
+from rankers import Ranker, Rankers
 from stack import NS, Stack, metric_values
 
 from kvrank_operator.spec import parse_spec
@@ -38,8 +40,23 @@ def test_the_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
     ranker.apply(doc)
     ranker.wait_ready(timeout=300)
     (pod,) = ranker.pods()
-    # its model came from a slow store: loading took longer than the liveness probe allows
-    # (3 × 10 s), and the startupProbe kept the kubelet from killing it
+    _assert_started_slower_than_its_liveness_probe_allows(pod)
+    with _users_returning_every_1_5_s(ranker):
+        tuned = _assert_the_ttl_is_tuned_and_applied(stack, ranker)
+        # the same users keep coming back: nearly every request is a cache hit
+        ratio = stack.wait_for(lambda: ranker.status().get("hitRatio"), "status.hitRatio", 60)
+        assert 0.5 < ratio <= 1.0, ratio
+        row = stack.kubectl("get", "rkd", ranker.name, "-n", NS).splitlines()[1]
+        assert str(tuned["seconds"]) in row and str(ratio)[:3] in row, row
+        _assert_its_redis_speaks_tls_only(stack, ranker)
+    (after,) = ranker.pods()
+    assert after["metadata"]["uid"] == pod["metadata"]["uid"], "the pod was replaced"
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "the ranker restarted"
+
+
+def _assert_started_slower_than_its_liveness_probe_allows(pod: dict[str, Any]) -> None:
+    """Its model came from a slow store: loading took longer than the liveness probe allows
+    (3 × 10 s), and the startupProbe kept the kubelet from killing it."""
     started = dt.datetime.fromisoformat(pod["status"]["startTime"])
     became_ready = next(
         dt.datetime.fromisoformat(c["lastTransitionTime"])
@@ -51,9 +68,13 @@ def test_the_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
     assert (became_ready - started).total_seconds() > budget, (started, became_ready)
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
 
+
+@contextlib.contextmanager
+def _users_returning_every_1_5_s(ranker: Ranker) -> Iterator[None]:
+    """4 users, each returning every 1.5 s (on a fixed schedule), while the block runs."""
     stop = threading.Event()
 
-    def drive() -> None:  # 4 users, each returning every 1.5 s (on a fixed schedule)
+    def drive() -> None:
         next_round = time.monotonic()
         while not stop.is_set():
             for u in range(4):
@@ -64,47 +85,49 @@ def test_the_ttl_converges_on_a_slow_starting_ranker_with_a_tls_only_redis(
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     try:
-
-        def converged() -> dict[str, Any] | None:
-            ttl = ranker.status().get("ttl") or {}
-            mean = ttl.get("meanIntervalSeconds")
-            return ttl if mean and abs(mean - 1.5) <= 0.3 else None
-
-        tuned = stack.wait_for(converged, "status.ttl from a 1.5 s mean interval", 150)
-        assert tuned["source"] == stack.ttl_source()["type"]
-        ttl_spec = parse_spec(ranker.must_get()["spec"]).ttl
-        expected = target_ttl(tuned["meanIntervalSeconds"], ttl_spec)  # the product's formula
-        assert tuned["seconds"] == pytest.approx(expected, rel=0.01), tuned
-        cm = stack.must_get("configmap", f"{ranker.name}-config")
-        assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == tuned["seconds"]
-
-        def applied() -> bool:
-            ttls = metric_values(ranker.metrics(), "kvrank_cache_ttl_seconds")
-            return bool(ttls) and all(v == pytest.approx(tuned["seconds"], rel=0.01) for v in ttls)
-
-        stack.wait_for(applied, "the ranker's kvrank_cache_ttl_seconds at the tuned TTL", 60)
-        # the same users keep coming back: nearly every request is a cache hit
-        ratio = stack.wait_for(lambda: ranker.status().get("hitRatio"), "status.hitRatio", 60)
-        assert 0.5 < ratio <= 1.0, ratio
-        row = stack.kubectl("get", "rkd", ranker.name, "-n", NS).splitlines()[1]
-        assert str(tuned["seconds"]) in row and str(ratio)[:3] in row, row
-        # its Redis speaks TLS only: the ranker wrote its entries over it, the operator's
-        # health check reads the cluster over it, and plain text is not even answered
-        # (entries live for the tuned few seconds, and a user served from L1 writes none:
-        # one is there whenever a user's entry has just been made again)
-        stack.wait_for(
-            lambda: ranker.redis_keys(ranker.cache_namespace("v1")) > 0,
-            "the ranker's entries in its TLS-only Redis",
-            60,
-        )
-        cache = ranker.condition("CacheReady")
-        assert cache and cache["status"] == "True" and cache["reason"] == "ClusterOk", cache
-        (node, *_) = ranker.redis_pods()
-        assert "PONG" in ranker.redis_cli(node, "ping")
-        assert "PONG" not in ranker.redis_cli(node, "ping", tls=False, check=False)
+        yield
     finally:
         stop.set()
         driver.join(timeout=30)
-    (after,) = ranker.pods()
-    assert after["metadata"]["uid"] == pod["metadata"]["uid"], "the pod was replaced"
-    assert after["status"]["containerStatuses"][0]["restartCount"] == 0, "the ranker restarted"
+
+
+def _assert_the_ttl_is_tuned_and_applied(stack: Stack, ranker: Ranker) -> dict[str, Any]:
+    """``status.ttl`` from the measured 1.5 s mean, at the product's formula, in the
+    ConfigMap and in force in the ranker; returns ``status.ttl``."""
+
+    def converged() -> dict[str, Any] | None:
+        ttl = ranker.status().get("ttl") or {}
+        mean = ttl.get("meanIntervalSeconds")
+        return ttl if mean and abs(mean - 1.5) <= 0.3 else None
+
+    tuned: dict[str, Any] = stack.wait_for(converged, "status.ttl from a 1.5 s mean interval", 150)
+    assert tuned["source"] == stack.ttl_source()["type"]
+    ttl_spec = parse_spec(ranker.must_get()["spec"]).ttl
+    expected = target_ttl(tuned["meanIntervalSeconds"], ttl_spec)  # the product's formula
+    assert tuned["seconds"] == pytest.approx(expected, rel=0.01), tuned
+    cm = stack.must_get("configmap", f"{ranker.name}-config")
+    assert yaml.safe_load(cm["data"]["ranker.yaml"])["ttl"]["fixed_seconds"] == tuned["seconds"]
+
+    def applied() -> bool:
+        ttls = metric_values(ranker.metrics(), "kvrank_cache_ttl_seconds")
+        return bool(ttls) and all(v == pytest.approx(tuned["seconds"], rel=0.01) for v in ttls)
+
+    stack.wait_for(applied, "the ranker's kvrank_cache_ttl_seconds at the tuned TTL", 60)
+    return tuned
+
+
+def _assert_its_redis_speaks_tls_only(stack: Stack, ranker: Ranker) -> None:
+    """The ranker wrote its entries over TLS, the operator's health check reads the cluster
+    over it, and plain text is not even answered (entries live for the tuned few seconds,
+    and a user served from L1 writes none: one is there whenever a user's entry has just
+    been made again)."""
+    stack.wait_for(
+        lambda: ranker.redis_keys(ranker.cache_namespace("v1")) > 0,
+        "the ranker's entries in its TLS-only Redis",
+        60,
+    )
+    cache = ranker.condition("CacheReady")
+    assert cache and cache["status"] == "True" and cache["reason"] == "ClusterOk", cache
+    (node, *_) = ranker.redis_pods()
+    assert "PONG" in ranker.redis_cli(node, "ping")
+    assert "PONG" not in ranker.redis_cli(node, "ping", tls=False, check=False)

@@ -120,26 +120,16 @@ class LocalCluster(Cluster):
         self.network.setup()
         ca = pki.CertificateAuthority(self.pki_dir)
         sa = pki.service_account_keys(self.pki_dir)
-        serving = ca.issue(
-            "apiserver",
-            "kube-apiserver",
-            hosts=(
-                "127.0.0.1",
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "10.96.0.1",
-                NODE_IP,
-            ),
-        )
         admin = ca.issue("admin", "localkube-admin", "system:masters")
-        cm = ca.issue("controller-manager", "system:kube-controller-manager")
-        sched = ca.issue("scheduler", "system:kube-scheduler")
+        self._start_apiserver(ca, sa, self._start_etcd())
+        self._client_kubeconfig("admin", admin).rename(self.kubeconfig)
+        self._wait_ready(admin, timeout)
+        self._start_controllers(ca, sa)
+        self._start_real_node(ca, timeout)
 
+    def _start_etcd(self) -> str:
+        """etcd on loopback in the node's namespace; returns its client URL."""
         etcd_port, peer_port = free_port(), free_port()
-        self.api_port = free_port()
-        self.server = f"https://{NODE_IP}:{self.api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.supervisor.start(
             "etcd",
@@ -159,6 +149,28 @@ class LocalCluster(Cluster):
                 ]
             ),
         )
+        return etcd_url
+
+    def _start_apiserver(
+        self, ca: pki.CertificateAuthority, sa: pki.KeyPair, etcd_url: str
+    ) -> None:
+        """kube-apiserver on the node's address (Node and RBAC authorization, the audit log),
+        serving with a certificate for its in-cluster names."""
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "10.96.0.1",
+                NODE_IP,
+            ),
+        )
+        self.api_port = free_port()
+        self.server = f"https://{NODE_IP}:{self.api_port}"
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver", "system:masters")
         # the node's namespace has no uplink: listening on all of its addresses is safe
         mode = [
@@ -197,8 +209,11 @@ class LocalCluster(Cluster):
                 ]
             ),
         )
-        self._client_kubeconfig("admin", admin).rename(self.kubeconfig)
-        self._wait_ready(admin, timeout)
+
+    def _start_controllers(self, ca: pki.CertificateAuthority, sa: pki.KeyPair) -> None:
+        """kube-controller-manager and kube-scheduler, each with its own client certificate."""
+        cm = ca.issue("controller-manager", "system:kube-controller-manager")
+        sched = ca.issue("scheduler", "system:kube-scheduler")
         self.supervisor.start(
             "kube-controller-manager",
             self._wrap(
@@ -229,7 +244,6 @@ class LocalCluster(Cluster):
                 ]
             ),
         )
-        self._start_real_node(ca, timeout)
 
     def _start_real_node(self, ca: pki.CertificateAuthority, timeout: float) -> None:
         self.node = RealNode(
@@ -246,8 +260,8 @@ class LocalCluster(Cluster):
         self.node.start(timeout)
         self._wait_for(
             lambda: self._node_ready(NODE_NAME) and self._default_sa(),
-            timeout,
             f"node {NODE_NAME} Ready and the default ServiceAccount",
+            timeout,
         )
         self.node.after_registered()
 
@@ -276,9 +290,9 @@ class LocalCluster(Cluster):
             except OSError:
                 return False
 
-        self._wait_for(ready, timeout, "kube-apiserver /readyz")
+        self._wait_for(ready, "kube-apiserver /readyz", timeout)
 
-    def _wait_for(self, cond: Any, timeout: float, what: str) -> None:
+    def _wait_for(self, cond: Any, what: str, timeout: float) -> None:
         def alive_and(cond: Any = cond) -> Any:
             self.supervisor.check_alive()
             return cond()

@@ -247,11 +247,36 @@ class RealNode:
     def _start_kubelet(self) -> None:
         ca = self.ctx.ca
         client = ca.issue("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes")
-        serving = ca.issue("kubelet", NODE_NAME, hosts=(NODE_IP, NODE_NAME))
         kubeconfig = self._kubeconfig("kubelet", client)
+        path = self.dir / "kubelet.yaml"
+        path.write_text(yaml.safe_dump(self._kubelet_config()))
+        self.ctx.supervisor.start(
+            "kubelet",
+            self.ctx.network.wrap(
+                [
+                    str(self.ctx.kube_bin / "kubelet"),
+                    f"--config={path}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--root-dir={self.dir / 'kubelet'}",
+                    f"--cert-dir={self.dir / 'kubelet-pki'}",
+                    f"--hostname-override={NODE_NAME}",
+                    f"--node-ip={NODE_IP}",
+                    "--node-labels=nvidia.com/gpu.present=true",
+                    "--v=1",
+                ]
+            ),
+            env={"PATH": f"{self.bin}:{CNI_BIN_DIR}:{os.environ.get('PATH', '')}"},
+        )
+
+    def _kubelet_config(self) -> dict[str, Any]:
+        """The kubelet's KubeletConfiguration: serving on the node's address with its own
+        certificate, webhook authentication and authorization, cgroupfs on v1, the cluster's
+        DNS, and no image garbage collection (images are imported, never pulled)."""
+        ca = self.ctx.ca
+        serving = ca.issue("kubelet", NODE_NAME, hosts=(NODE_IP, NODE_NAME))
         resolv = self.dir / "resolv.conf"
         resolv.write_text(f"nameserver {CLUSTER_DNS}\n")
-        config = {
+        return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "address": NODE_IP,
@@ -291,25 +316,6 @@ class RealNode:
             "shutdownGracePeriod": "0s",
             "enableServer": True,
         }
-        path = self.dir / "kubelet.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.ctx.supervisor.start(
-            "kubelet",
-            self.ctx.network.wrap(
-                [
-                    str(self.ctx.kube_bin / "kubelet"),
-                    f"--config={path}",
-                    f"--kubeconfig={kubeconfig}",
-                    f"--root-dir={self.dir / 'kubelet'}",
-                    f"--cert-dir={self.dir / 'kubelet-pki'}",
-                    f"--hostname-override={NODE_NAME}",
-                    f"--node-ip={NODE_IP}",
-                    "--node-labels=nvidia.com/gpu.present=true",
-                    "--v=1",
-                ]
-            ),
-            env={"PATH": f"{self.bin}:{CNI_BIN_DIR}:{os.environ.get('PATH', '')}"},
-        )
 
     def _cgroups(self) -> None:
         """The kubelet's cgroup root in every v1 hierarchy (removed by :func:`cleanup`)."""

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from localkube.images import PAUSE_IMAGE
+from localkube.processes import wait_for
 from test_chart_monitoring_admission import fetched_crds, install_crds, strict_dry_run
-from test_operator_process import condition, operator, rkd_status, wait
+from test_operator_process import condition, operator, rkd_status, tail_of
 
 from kvrank_operator.crd import API_VERSION
 from kvrank_operator.manifests.gateway import gateway_objects
@@ -89,19 +90,25 @@ def test_the_operator_writes_follows_and_removes_the_gateway_objects(
 
     with operator(cluster, ns, tmp_path) as op:
         apply(spec(25))
-        wait("the weighted route", lambda: weights() == {"feed-v2": 25, "feed-v1": 75}, op.log)
+        wait_for(
+            lambda: weights() == {"feed-v2": 25, "feed-v1": 75},
+            "the weighted route",
+            60,
+            tail_of(op.log),
+        )
         policy = get("backendtrafficpolicy")
         assert policy is not None
         assert policy["spec"]["loadBalancer"]["consistentHash"]["headers"] == [
             {"name": "X-KVRank-User"}
         ]
         assert policy["spec"]["targetRefs"][0]["name"] == "feed"
-        wait(
-            "RouterReady False: no gateway accepted the route",
+        wait_for(
             lambda: (
                 condition(rkd_status(cluster, ns), "RouterReady") == ("False", "RouteNotAccepted")
             ),
-            op.log,
+            "RouterReady False: no gateway accepted the route",
+            60,
+            tail_of(op.log),
         )
         # the gateway controller's part: it accepts the route
         accepted = {
@@ -128,24 +135,31 @@ def test_the_operator_writes_follows_and_removes_the_gateway_objects(
             "patch", "httproute", "feed", "-n", ns, "--subresource=status", "--type=merge",
             "-p", json.dumps(accepted),
         )  # fmt: skip
-        wait(
-            "RouterReady True once the gateway accepted the route",
+        wait_for(
             lambda: condition(rkd_status(cluster, ns), "RouterReady") == ("True", "RouteAccepted"),
-            op.log,
-            timeout=90,  # the route's status is no event the operator watches: a resync
+            "RouterReady True once the gateway accepted the route",
+            60,
+            tail_of(op.log),
         )
         apply(spec(50))
-        wait("the canary's new weight", lambda: weights() == {"feed-v2": 50, "feed-v1": 50}, op.log)
-        apply(spec(None, mode="none"))
-        wait(
-            "both objects deleted",
-            lambda: get("httproute") is None and get("backendtrafficpolicy") is None,
-            op.log,
+        wait_for(
+            lambda: weights() == {"feed-v2": 50, "feed-v1": 50},
+            "the canary's new weight",
+            60,
+            tail_of(op.log),
         )
-        wait(
-            "RouterReady gone",
+        apply(spec(None, mode="none"))
+        wait_for(
+            lambda: get("httproute") is None and get("backendtrafficpolicy") is None,
+            "both objects deleted",
+            60,
+            tail_of(op.log),
+        )
+        wait_for(
             lambda: condition(rkd_status(cluster, ns), "RouterReady") is None,
-            op.log,
+            "RouterReady gone",
+            60,
+            tail_of(op.log),
         )
         # while the operator runs: it removes its finalizer (a RankerDeployment left with one
         # would hold up the deletion of the CRD, which the install scenario does)

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from localkube.images import PAUSE_IMAGE
+from localkube.processes import wait_for
 from spec_fragments import EXAMPLE_DIR
 
 from kvrank.tools.processes import free_port, scrape
@@ -64,12 +65,9 @@ def ranker_deployment(ns: str) -> dict[str, Any]:
     }
 
 
-def wait(what: str, cond: Callable[[], Any], log: Path, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"{what}: {log.read_text()[-3000:]}"
-        time.sleep(0.5)
-    return value
+def tail_of(log: Path) -> Callable[[], str]:
+    """What a failed wait shows: the end of the operator's log."""
+    return lambda: log.read_text()[-3000:]
 
 
 @dataclass
@@ -136,26 +134,28 @@ def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(
             return rkd_status(cluster, ns)
 
         cluster.kubectl("apply", "-f", "-", input=json.dumps(ranker_deployment(ns)))
-        wait(
-            "both cache namespaces active",
+        wait_for(
             lambda: (
                 {e["namespace"] for e in status().get("cacheNamespaces", [])}
                 == {namespace_for("feed", ns, "v1"), namespace_for("feed", ns, "v2")}
             ),
-            log,
+            "both cache namespaces active",
+            60,
+            tail_of(log),
         )
         cluster.kubectl(
             "patch", "rkd", "feed", "-n", ns, "--type=json", "-p",
             '[{"op": "remove", "path": "/spec/canary"}]',
         )  # fmt: skip
         labels = {"rankerdeployment_namespace": ns, "rankerdeployment": "feed"}
-        wait(
-            "the aborted canary counted",
+        wait_for(
             lambda: (
                 scrape(metrics, "kvrank_operator_events_total", reason="CanaryAborted", **labels)
                 == 1
             ),
-            log,
+            "the aborted canary counted",
+            60,
+            tail_of(log),
         )
         ttl = next(c for c in status()["conditions"] if c["type"] == "TTLSource")
         assert (ttl["status"], ttl["reason"]) == ("False", "PrometheusUnreachable"), ttl
@@ -187,13 +187,14 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
     with operator(cluster, ns, tmp_path, *flags) as op:
         doc = ranker_deployment(ns)
         cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
-        wait(
-            "Monitoring False for want of the CRD",
+        wait_for(
             lambda: (
                 condition(rkd_status(cluster, ns), "Monitoring")
                 == ("False", "PodMonitorCRDMissing")
             ),
-            op.log,
+            "Monitoring False for want of the CRD",
+            60,
+            tail_of(op.log),
         )
         status = rkd_status(cluster, ns)
         assert {e["namespace"] for e in status["cacheNamespaces"]} == {
@@ -209,12 +210,13 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
         cluster.wait_established(crd)
         doc["spec"]["model"]["replicas"] = 2  # a spec change: the operator looks again at once
         cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
-        wait(
-            "Monitoring True",
+        wait_for(
             lambda: (
                 condition(rkd_status(cluster, ns), "Monitoring") == ("True", "PodMonitorApplied")
             ),
-            op.log,
+            "Monitoring True",
+            60,
+            tail_of(op.log),
         )
         pm = json.loads(
             cluster.kubectl("get", "podmonitor", "feed-ranker", "-n", ns, "-o", "json").stdout
@@ -225,12 +227,13 @@ def test_pod_monitors_follow_the_crd_and_go_with_their_ranker_deployment(
         (owner,) = pm["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"]) == ("RankerDeployment", "feed")
         cluster.kubectl("delete", "rkd", "feed", "-n", ns)
-        wait(
-            "the PodMonitor garbage-collected",
+        wait_for(
             lambda: (
                 cluster.kubectl("get", "podmonitor", "-n", ns, "-o", "name").stdout.strip() == ""
             ),
-            op.log,
+            "the PodMonitor garbage-collected",
+            60,
+            tail_of(op.log),
         )
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
@@ -299,8 +302,12 @@ def test_render_prints_what_the_operator_applies(cluster, tmp_path: Path) -> Non
                                      capture_output=True, text=True, check=True)  # fmt: skip
                 rendered += list(yaml.safe_load_all(out.stdout))
                 cluster.kubectl("apply", "-n", ns, "-f", "-", input=text)
-            wait("every rendered object applied",
-                 lambda: all(_live(cluster, ns, o) for o in rendered), op.log, 90)  # fmt: skip
+            wait_for(
+                lambda: all(_live(cluster, ns, o) for o in rendered),
+                "every rendered object applied",
+                90,
+                tail_of(op.log),
+            )  # fmt: skip
             problems = _differences(cluster, ns, rendered)
         finally:
             # while the operator runs: it takes its finalizers off (left on, they would keep
