@@ -13,40 +13,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import free_port, wait_for
 
 __all__ = ["Component", "Supervisor", "alive", "free_port", "tail", "wait_for"]
-from typing import TypeVar
 
 PR_SET_PDEATHSIG = 1
-T = TypeVar("T")
-
-
-def wait_for(
-    cond: Callable[[], T],
-    what: str,
-    timeout: float,
-    report: Callable[[], str] | None = None,
-    interval: float = 0.3,
-) -> T:
-    """Poll ``cond`` until it returns something truthy, and return that.
-
-    On timeout, fail with ``what`` and whatever ``report`` says (component logs, objects):
-    a wait that fails explains itself. Every wait in the test suites goes through here.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            details = f"\n{report()}" if report is not None else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{details}")
-        time.sleep(interval)
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec

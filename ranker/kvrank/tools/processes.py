@@ -19,13 +19,39 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+
+
+def wait_for(
+    cond: Callable[[], T],
+    what: str,
+    timeout: float,
+    report: Callable[[], str] | None = None,
+    interval: float = 0.3,
+) -> T:
+    """Poll ``cond`` until it returns something truthy, and return that.
+
+    On timeout, fail with ``what`` and whatever ``report`` says (component logs, objects):
+    a wait that fails explains itself. Every wait in the test suites goes through here.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            details = f"\n{report()}" if report is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{details}")
+        time.sleep(interval)
 
 
 def samples(text: str, name: str, **labels: str) -> list[float]:

@@ -26,7 +26,7 @@ from kvrank.server.app import create_app
 from kvrank.server.config import load_config
 from kvrank.server.protocol import screening_protocol
 from kvrank.server.wiring import build_service
-from kvrank.tools.processes import free_port, samples
+from kvrank.tools.processes import free_port, samples, wait_for
 
 ENCODE_S = 0.1
 """What the slowed user encode takes: 10 a second at most."""
@@ -34,13 +34,6 @@ ENCODE_S = 0.1
 
 def slow(seconds: float) -> Callable[[], None]:
     return lambda: time.sleep(seconds)
-
-
-def wait_for(what: str, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager
@@ -191,8 +184,10 @@ def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
         assert status_counts(late) == {504: 2}, [a.text for a in late]  # type: ignore[union-attr]
         dropped = {"reason": "disconnected", "stage": "encode"}
         wait_for(  # the model thread reaches the leavers' work after the late ones' answers
-            "the leavers' work dropped",
             lambda: metric(url, "kvrank_abandoned_requests_total", **dropped) == 2,
+            "the leavers' work dropped",
+            10,
+            interval=0.02,
         )
         assert metric(url, "kvrank_abandoned_requests_total", reason="deadline") == 2
         assert encodes(url) == 1  # the patient caller's only
@@ -229,8 +224,10 @@ def test_callers_without_a_deadline_get_the_default_until_such_callers_are_seen_
         first, gone = asyncio.run(leavers())
         assert status_counts(first) == {200: 1} and status_counts(gone) == {"gave up": 8}
         wait_for(
-            "the leavers' work dropped",
             lambda: metric(url, "kvrank_abandoned_requests_total", reason="disconnected") == 8,
+            "the leavers' work dropped",
+            10,
+            interval=0.02,
         )
         learned = metric(url, "kvrank_caller_patience_seconds")
         assert 0 < learned < 5.0, learned  # what they waited, not the default
@@ -331,7 +328,7 @@ def test_pipelined_requests_are_answered_in_order_when_a_later_one_is_shed(
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(_post(first, 5000) + _post(second, 1))  # one write: pipelined
-            wait_for("the first at the model thread", lambda: inflight(url) == 1)
+            wait_for(lambda: inflight(url) == 1, "the first at the model thread", 10, interval=0.02)
             gate.set()
             received = b""
             while received.count(b"HTTP/1.1 ") < 2 or not received.endswith(b"}"):

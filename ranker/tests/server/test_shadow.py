@@ -13,7 +13,7 @@ import pytest
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY  # the model the conftest serves
 from kvrank.server.shadow import compare
-from kvrank.tools.processes import RankerProcess, free_port
+from kvrank.tools.processes import RankerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +28,6 @@ def test_compare_sees_equal_reordered_and_shifted_scores() -> None:
     assert delta.max() == pytest.approx(0.01) and rho == pytest.approx(1.0) and not changed
 
 
-def wait_for(what: str, cond, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def shadowing(target: str, sample: str = "1") -> dict[str, str]:
     return {"KVRANK_SHADOW_URL": target, "KVRANK_SHADOW_SAMPLE": sample, "KVRANK_SHADOW_TOP_K": "3"}
 
@@ -47,7 +40,10 @@ def test_an_identical_canary_is_warmed_and_agrees(spawn_server, request_for) -> 
         _, _, body = request_for(user_id=user, seed=i)
         assert httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code == 200
     wait_for(
-        "8 mirrored", lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 8
+        lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 8,
+        "8 mirrored",
+        30,
+        interval=0.2,
     )
     assert stable.metric("kvrank_shadow_topk_changed_total") == 0
     # every ordering the same: all 8 correlations in the top bucket (0.999, 1]
@@ -76,7 +72,10 @@ def test_a_canary_with_other_weights_is_seen_to_drift(
             _, _, body = request_for(user_id=f"user-{i}", c=6, seed=i)
             httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
         wait_for(
-            "mirrored", lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 6
+            lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 6,
+            "mirrored",
+            30,
+            interval=0.2,
         )
         deltas = stable.metric("kvrank_shadow_abs_delta_count")
         assert stable.metric("kvrank_shadow_abs_delta_bucket", le="0.001") < deltas
@@ -93,7 +92,10 @@ def test_a_canary_that_is_down_fails_no_request(spawn_server, request_for) -> No
         statuses.append(httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code)
     assert statuses == [200] * 10
     wait_for(
-        "10 errors", lambda: stable.metric("kvrank_shadow_requests_total", result="error") == 10
+        lambda: stable.metric("kvrank_shadow_requests_total", result="error") == 10,
+        "10 errors",
+        30,
+        interval=0.2,
     )
     assert stable.metric("kvrank_shadow_requests_total", result="sent") == 0
 
@@ -142,4 +144,4 @@ def test_sampling_and_target_reload_with_the_config_file(
         time.sleep(0.05)
     _, _, body = request_for(user_id="after")
     stable.post("/v1/score", json=body).raise_for_status()
-    wait_for("mirrored", lambda: canary.metric("kvrank_requests_total") == 1)
+    wait_for(lambda: canary.metric("kvrank_requests_total") == 1, "mirrored", 30, interval=0.2)
