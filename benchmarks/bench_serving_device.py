@@ -10,6 +10,12 @@ p50/p99 of each, the server's own ``total``, the cache outcome of every answer, 
 largest |Δscore| between the two answers for a user (the cache must not change a score).
 Across devices: the largest |Δscore| of every answer against the first device's.
 
+``--protocols`` (default: every one a ranker speaks) then sends each user's L1 hit once more
+by each other protocol, one protocol after the other, as a caller of that protocol would
+(:mod:`kvrank.tools.callers`: ``json-ref`` names the history by the ETag of the user's JSON
+answer, ``v2-http`` sends binary tensors, ``v2-grpc`` a ``ModelInfer`` on the ranker's gRPC
+port): client p50/p99 per protocol, and every answer must be a 200 from L1.
+
 Prints a table and writes JSON. Needs a GPU for ``cuda`` (a ``kvrank serve`` told to use one
 that is missing exits, and so does this).
 """
@@ -17,6 +23,7 @@ that is missing exits, and so does this).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
@@ -32,8 +39,11 @@ from rich.table import Table
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import PRODUCTION, QUICK, ModelConfig
+from kvrank.model.contract import FeatureSpec
+from kvrank.model.onetrans import feature_spec
 from kvrank.model.ranker import RankerModel
-from kvrank.tools.processes import RankerProcess
+from kvrank.tools.callers import GRPC_PROTOCOLS, PROTOCOLS, Caller, encode
+from kvrank.tools.processes import RankerProcess, free_port
 from kvrank.tools.workload import Workload, WorkloadSettings, workload_model
 
 SIZES: dict[str, ModelConfig] = {"quick": QUICK, "production": PRODUCTION}
@@ -59,7 +69,26 @@ def _ask(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, d
     resp = client.post(f"{url}/v1/score", json=body)
     ms = (time.perf_counter() - t0) * 1e3
     resp.raise_for_status()
-    return ms, resp.json()
+    return ms, {**resp.json(), "etag": resp.headers.get("etag")}
+
+
+async def _hits_by(
+    protocol: str, target: str, requests: list[dict[str, Any]], etags: list[str], spec: FeatureSpec
+) -> dict[str, Any]:
+    """Each user's L1 hit by ``protocol`` (its bodies encoded before the clock starts), one
+    at a time: client p50/p99, and every answer's status and cache outcome."""
+    encoded = [encode(body, protocol, spec) for body in requests]
+    ms, answers = [], []
+    async with Caller(protocol, concurrency=1) as caller:
+        for body, etag in zip(encoded, etags, strict=True):
+            payload, headers = body.whole, dict(body.headers)
+            if protocol == "json-ref":  # the history by the ETag its JSON answer named
+                payload, headers = body.by_reference, {"If-Match": etag}
+            t0 = time.perf_counter()
+            status, outcome, _ = await caller.send(target, payload, headers)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            answers.append(f"{status} {outcome}")
+    return {**_stats(ms), "answers": sorted(set(answers))}
 
 
 def _stats(ms: list[float]) -> dict[str, float]:
@@ -67,16 +96,31 @@ def _stats(ms: list[float]) -> dict[str, float]:
 
 
 def serve_and_ask(
-    model_dir: Path, device: str, requests: list[dict[str, Any]], workdir: Path
+    model_dir: Path,
+    device: str,
+    requests: list[dict[str, Any]],
+    workdir: Path,
+    spec: FeatureSpec,
+    protocols: tuple[str, ...] = ("json",),
 ) -> dict[str, Any]:
-    """``requests`` sent twice each (miss, then hit) to a fresh ranker on ``device``."""
-    ranker = RankerProcess.start(model_dir, workdir, "--device", device, timeout_s=300.0)
+    """``requests`` sent twice each (miss, then hit) to a fresh ranker on ``device``, then
+    once more by each other protocol in ``protocols`` (L1 hits)."""
+    grpc_port = free_port()
+    ranker = RankerProcess.start(
+        model_dir, workdir, "--device", device, "--grpc-port", str(grpc_port), timeout_s=300.0
+    )
     try:
         with httpx.Client(timeout=120.0) as client:
             for i in range(WARMUP):
                 _ask(client, ranker.url, {**requests[i], "user_id": f"warmup-{i}"})
             first = [_ask(client, ranker.url, body) for body in requests]
             again = [_ask(client, ranker.url, body) for body in requests]
+        etags = [a["etag"] for _, a in again]
+        answered = sorted({f"200 {a['cache']}" for _, a in again})
+        by_protocol = {"json": {**_stats([ms for ms, _ in again]), "answers": answered}}
+        for protocol in (p for p in protocols if p != "json"):
+            target = f"127.0.0.1:{grpc_port}" if protocol in GRPC_PROTOCOLS else ranker.url
+            by_protocol[protocol] = asyncio.run(_hits_by(protocol, target, requests, etags, spec))
     finally:
         ranker.stop()
     scores = [np.array(a["scores"]) for _, a in first]
@@ -88,6 +132,7 @@ def serve_and_ask(
         "server_total_hit_p50_ms": statistics.median(a["timings_ms"]["total"] for _, a in again),
         "cache_first": sorted({a["cache"] for _, a in first}),
         "cache_again": sorted({a["cache"] for _, a in again}),
+        "hit_by_protocol": by_protocol,
         "max_abs_diff_hit_vs_miss": max(
             float(np.abs(np.array(a["scores"]) - s).max())
             for (_, a), s in zip(again, scores, strict=True)
@@ -125,16 +170,35 @@ def show(rows: list[dict[str, Any]], title: str) -> None:
             f"{r[ref]:.2e}",
         )
     Console(width=160).print(table)
+    protocols = Table(title="L1 hits by protocol (client ms)")
+    for col in ("device", "protocol", "p50", "p99", "answers"):
+        protocols.add_column(col, justify="right" if col in ("p50", "p99") else "left")
+    for r in rows:
+        for name, hits in r["hit_by_protocol"].items():
+            p50, p99 = f"{hits['p50_ms']:.2f}", f"{hits['p99_ms']:.2f}"
+            protocols.add_row(r["device"], name, p50, p99, ", ".join(hits["answers"]))
+    Console(width=160).print(protocols)
 
 
 def run(
-    size: str, compute_dtype: str, devices: list[str], users: int, candidates: int
+    size: str,
+    compute_dtype: str,
+    devices: list[str],
+    users: int,
+    candidates: int,
+    protocols: tuple[str, ...] = ("json",),
 ) -> dict[str, Any]:
     """The whole comparison; the report :func:`main` writes (less the scores themselves)."""
+    unknown = set(protocols) - set(PROTOCOLS)
+    if unknown or "json" not in protocols:
+        raise ValueError(f"protocols: json and any of {', '.join(PROTOCOLS)}, not {protocols}")
     workdir = Path(tempfile.mkdtemp(prefix="kvrank-serving-device-"))
     model_dir = artifact(size, compute_dtype, workdir / "model")
     requests = bodies(model_dir, users, candidates)
-    rows = [serve_and_ask(model_dir, device, requests, workdir) for device in devices]
+    spec = feature_spec(SIZES[size])
+    rows = [
+        serve_and_ask(model_dir, device, requests, workdir, spec, protocols) for device in devices
+    ]
     compare(rows)
     show(rows, f"{size} model ({compute_dtype}), C={candidates}, {users} users")
     return {
@@ -155,10 +219,15 @@ def main() -> None:
     parser.add_argument("--devices", default="cuda,cpu", help="comma-separated, first = reference")
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--candidates", type=int, default=100)
+    parser.add_argument(
+        "--protocols",
+        default=",".join(PROTOCOLS),
+        help=f"comma-separated, json first: the L1 hit by each of {', '.join(PROTOCOLS)}",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    devices = args.devices.split(",")
-    report = run(args.size, args.compute_dtype, devices, args.users, args.candidates)
+    devices, protocols = args.devices.split(","), tuple(args.protocols.split(","))
+    report = run(args.size, args.compute_dtype, devices, args.users, args.candidates, protocols)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -4,7 +4,8 @@
 #   - kvrank bench --profile production --device "$device", in fp32 and in bf16 (C = 50, 100, 200);
 #   - kvrank bench --profile quick --device "$device" (its trained model: INT8 AUC, drift);
 #   - a production-size artifact served by kvrank serve on the GPU and on the CPU side by side
-#     (benchmarks/bench_serving_device.py), fp32 and bf16: equal scores, miss and L1-hit latency;
+#     (benchmarks/bench_serving_device.py), fp32 and bf16: equal scores, miss and L1-hit latency,
+#     and the L1 hit by each protocol (JSON, JSON by reference, v2 HTTP binary, v2 gRPC);
 #   - kvrank check-model --device "$device" on a trained quick artifact (the load-time checks, on
 #     the GPU).
 # Usage: benchmarks/cuda.sh OUT_DIR   (PYTHON: the interpreter with kvrank importable;
@@ -42,7 +43,8 @@ step bench-quick "$py" -m kvrank bench --profile quick --device "$device" --no-l
   --json "$out/bench-quick-cuda.json"
 for dtype in fp32 bf16; do
   step "serving-production-$dtype" "$py" "$here/bench_serving_device.py" --size production \
-    --compute-dtype "$dtype" --devices "$device",cpu --json "$out/serving-production-$dtype.json"
+    --compute-dtype "$dtype" --devices "$device",cpu --protocols json,json-ref,v2-http,v2-grpc \
+    --json "$out/serving-production-$dtype.json"
 done
 model=$(mktemp -d)/quick
 step train-quick "$py" -m kvrank train --profile quick --steps 60 --out "$model"

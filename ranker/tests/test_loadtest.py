@@ -286,13 +286,21 @@ def test_smoke_loadtest_on_the_real_timeline(tmp_path: Path, kvrank_cli) -> None
 def test_a_bf16_model_is_served_and_its_cached_answers_are_its_first_answers() -> None:
     """The device benchmark's short run, on two CPU pods: a model computing in bf16 (what a
     GPU serves) passes its load-time checks, every second answer comes from L1 with the
-    first answer's scores exactly, and two pods on the same device agree exactly."""
+    first answer's scores exactly, two pods on the same device agree exactly, and each
+    user's hit by every other protocol is a 200 from L1 too."""
     import bench_serving_device
 
-    report = bench_serving_device.run("quick", "bf16", ["cpu", "cpu"], users=3, candidates=20)
+    from kvrank.tools.callers import PROTOCOLS
+
+    report = bench_serving_device.run(
+        "quick", "bf16", ["cpu", "cpu"], users=3, candidates=20, protocols=PROTOCOLS
+    )
     assert report["compute_dtype"] == "bf16"
     for row in report["devices"]:
         assert row["cache_first"] == ["miss"] and row["cache_again"] == ["l1"], row
         assert row["max_abs_diff_hit_vs_miss"] == 0.0
         assert row["max_abs_diff_vs_cpu"] == 0.0
         assert row["hit"]["p50_ms"] > 0 and row["miss"]["p50_ms"] > 0
+        hits = row["hit_by_protocol"]
+        assert set(hits) == set(PROTOCOLS), hits
+        assert all(h["answers"] == ["200 l1"] for h in hits.values()), hits
