@@ -1,7 +1,7 @@
 """What the operator measures of its rankers: the ranker pods' ``/metrics`` or Prometheus.
 
-:func:`observe` reads the mean per-user request interval and the cache hit ratio, or says
-why it could not (``Observed.problem``). It decides nothing: the TTL reconciler
+:func:`measure` reads the mean per-user request interval and the cache hit ratio, or says
+why it could not (``Measured.problem``). It decides nothing: the TTL reconciler
 (:mod:`kvrank_operator.reconcilers.ttl`) turns the measurement into a TTL.
 """
 
@@ -23,7 +23,9 @@ TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
-class Observed:
+class Measured:
+    """One measurement of a deployment's rankers (the pods' or Prometheus' view)."""
+
     mean_interval_s: float | None = None
     """Mean per-user request interval, averaged over pods that measured one."""
     hit_ratio: float | None = None
@@ -37,7 +39,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
+def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Measured:
     pods = kube.list(
         "v1",
         "Pod",
@@ -64,14 +66,14 @@ def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     if not means:
         why = f"none of {len(pods)} ranker pods has measured a user's request interval yet"
         problem = ("NoData", why)
-    return Observed(_mean(means), _mean(ratios), problem)
+    return Measured(_mean(means), _mean(ratios), problem)
 
 
 HIT_RATIO_WINDOW = "2m"
 """The hit ratio published is over this window (a lifetime ratio could not show a drop)."""
 
 
-def from_prometheus(endpoint: PrometheusEndpoint, name: str, ns: str) -> Observed:
+def from_prometheus(endpoint: PrometheusEndpoint, name: str, ns: str) -> Measured:
     sel = m.PROMETHEUS_SELECTOR.format(ns=ns, name=name)
     cached = f'{sel[:-1]},outcome=~"{"|".join(CACHED_OUTCOMES)}"}}'
     served = f'{sel[:-1]},outcome!="none"}}'
@@ -83,7 +85,7 @@ def from_prometheus(endpoint: PrometheusEndpoint, name: str, ns: str) -> Observe
             f"sum(rate({REQUESTS_METRIC}{cached}[{window}]))"
             f" / sum(rate({REQUESTS_METRIC}{served}[{window}]))",
         )
-    return Observed(mean, ratio, problem)
+    return Measured(mean, ratio, problem)
 
 
 def _value(prometheus: Prometheus, query: str) -> tuple[float | None, tuple[str, str] | None]:
@@ -93,7 +95,7 @@ def _value(prometheus: Prometheus, query: str) -> tuple[float | None, tuple[str,
         return None, (exc.reason, exc.message)
 
 
-def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
+def measure(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Measured:
     if spec.ttl.source == "prometheus" and spec.ttl.prometheus is not None:
         return from_prometheus(spec.ttl.prometheus, name, ns)
     return from_pods(kube, spec, name, ns)

@@ -19,7 +19,7 @@ from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.reconcilers.base import Pass
 from kvrank_operator.reconcilers.ttl import reconcile as reconcile_ttl
 from kvrank_operator.reconcilers.ttl import source_condition
-from kvrank_operator.sources import Observed, from_prometheus
+from kvrank_operator.sources import Measured, from_prometheus
 from kvrank_operator.spec import PrometheusEndpoint, parse_spec
 from kvrank_operator.state import Condition, Instance, Status, with_conditions
 
@@ -52,14 +52,14 @@ def test_an_unreachable_prometheus_says_so() -> None:
 
 
 def _condition(
-    before: tuple[Condition, ...], seen: Observed, at: dt.datetime
+    before: tuple[Condition, ...], seen: Measured, at: dt.datetime
 ) -> tuple[Condition, ...]:
     spec = parse_spec({"model": {"version": "v1", "uri": "/m"}})
     return with_conditions(before, [source_condition(seen, spec)], [], 3, at)
 
 
 def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None:
-    missing = _condition((), Observed(problem=("NoData", "no series")), NOW)
+    missing = _condition((), Measured(problem=("NoData", "no series")), NOW)
     (c,) = (x.for_storage() for x in missing)
     assert (c["type"], c["status"], c["reason"], c["observedGeneration"]) == (
         "TTLSource",
@@ -68,12 +68,12 @@ def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None
         3,
     )
     later = NOW + dt.timedelta(minutes=1)
-    measured = _condition(missing, Observed(2.0, 0.9), later)
+    measured = _condition(missing, Measured(2.0, 0.9), later)
     (c,) = (x.for_storage() for x in measured)
     assert (c["status"], c["reason"]) == ("True", "Measured")
     assert c["lastTransitionTime"] != missing[0].last_transition_time
     # measured again: nothing changes, so nothing is written
-    again = _condition(measured, Observed(2.5, 0.8), later + dt.timedelta(minutes=1))
+    again = _condition(measured, Measured(2.5, 0.8), later + dt.timedelta(minutes=1))
     assert again == measured
 
 

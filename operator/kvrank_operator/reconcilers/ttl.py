@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.reconcilers.base import Pass, Report
-from kvrank_operator.sources import Observed, observe
+from kvrank_operator.sources import Measured, measure
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, TTLStatus
 from kvrank_operator.ttl_policy import next_ttl
@@ -47,22 +47,22 @@ def reconcile(p: Pass, live: RankerSpec, measured_at: dt.datetime | None) -> tup
     elapsed = (p.now - last).total_seconds() if last else None
     if not fixed_changed and elapsed is not None and elapsed < spec.interval_seconds:
         return kept, Report(due_in=spec.interval_seconds - elapsed)  # a new fixed TTL: at once
-    seen = observe(p.kube, live, p.instance.name, p.instance.namespace)
-    tuned, report = _tune(p, live, seen, kept)
+    measured = measure(p.kube, live, p.instance.name, p.instance.namespace)
+    tuned, report = _tune(p, live, measured, kept)
     return dataclasses.replace(tuned, measured=True), report + Report(due_in=spec.interval_seconds)
 
 
-def _tune(p: Pass, live: RankerSpec, seen: Observed, kept: Tuned) -> tuple[Tuned, Report]:
+def _tune(p: Pass, live: RankerSpec, measured: Measured, kept: Tuned) -> tuple[Tuned, Report]:
     spec = live.ttl
     if spec.mode == "auto":
-        report = Report(conditions=(source_condition(seen, live),))
+        report = Report(conditions=(source_condition(measured, live),))
         changed = _differs(p, report.conditions[0])
     else:  # a fixed TTL reads no source: no condition about one
         report = Report(removed=(SOURCE,))
         changed = p.prior.condition(SOURCE) is not None
-    ratio = round(seen.hit_ratio, 3) if seen.hit_ratio is not None else kept.hit_ratio
+    ratio = round(measured.hit_ratio, 3) if measured.hit_ratio is not None else kept.hit_ratio
     changed |= ratio != kept.hit_ratio
-    mean = seen.mean_interval_s if spec.mode == "auto" else None
+    mean = measured.mean_interval_s if spec.mode == "auto" else None
     seconds = next_ttl(_seconds(kept), mean, spec)
     ttl = kept.ttl
     if seconds is not None:
@@ -75,13 +75,13 @@ def _tune(p: Pass, live: RankerSpec, seen: Observed, kept: Tuned) -> tuple[Tuned
     return Tuned(ttl, ratio, iso(p.now)), report
 
 
-def source_condition(seen: Observed, live: RankerSpec) -> ConditionUpdate:
+def source_condition(measured: Measured, live: RankerSpec) -> ConditionUpdate:
     """``TTLSource`` from one measurement."""
-    if seen.problem is None:
+    if measured.problem is None:
         # no number here: a message that changes with every measurement is a write each time
         message = f"request intervals measured from {live.ttl.source}"
         return ConditionUpdate(SOURCE, True, "Measured", message)
-    reason, message = seen.problem
+    reason, message = measured.problem
     return ConditionUpdate(SOURCE, False, reason, message)
 
 
