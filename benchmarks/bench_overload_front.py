@@ -73,15 +73,25 @@ ROW = (
 class Front:
     """One Envoy on loopback in front of ``ranker``; :meth:`start` returns once it proxies."""
 
-    def __init__(self, workdir: Path, ranker: RankerProcess, limit: int) -> None:
+    def __init__(
+        self, workdir: Path, ranker: RankerProcess, limit: int, grpc_upstream: int | None = None
+    ) -> None:
+        """``grpc_upstream``: the ranker's gRPC port, proxied on :attr:`grpc_port` too."""
         if ENVOY is None:
             raise RuntimeError("no envoy binary next to this Python: make venv installs it")
         self.port, admin = free_port(), free_port()
         self.config = workdir / f"front-{self.port}.json"
         # what the operator runs beside each ranker with admission.queueProxy enabled
-        self.stats_port = free_port()
+        self.stats_port, self.grpc_port = free_port(), free_port()
+        grpc = (self.grpc_port, grpc_upstream) if grpc_upstream is not None else None
         bootstrap = envoy_bootstrap(
-            self.port, ranker.port, limit, admin, self.stats_port, listen_address="127.0.0.1"
+            self.port,
+            ranker.port,
+            limit,
+            admin,
+            self.stats_port,
+            listen_address="127.0.0.1",
+            grpc=grpc,
         )
         self.config.write_text(json.dumps(bootstrap))
         self.log = workdir / f"front-{self.port}.log"

@@ -705,8 +705,9 @@ ADMISSION = _obj(
                     "maximum": 4096,
                     "default": 16,
                     "description": "Scoring requests the proxy lets through to its ranker at"
-                    " once; one more is answered 503 at once (Retry-After,"
-                    " x-kvrank-shed: queue), before the ranker's Python sees it.",
+                    " once, and as many gRPC calls (each protocol its own bound); one more is"
+                    " answered at once, 503 (a gRPC call: RESOURCE_EXHAUSTED) with Retry-After"
+                    " and x-kvrank-shed: queue, before the ranker's Python sees it.",
                 },
                 "resources": _core("ResourceRequirements", "The proxy container's resources."),
             },

@@ -62,13 +62,15 @@ def upstream_http_options(http2: bool = False) -> dict[str, Any]:
     }
 
 
-def static_cluster(name: str, port: int, connect_timeout: str, **extra: Any) -> dict[str, Any]:
-    """A cluster of one host on loopback."""
+def static_cluster(
+    name: str, port: int, connect_timeout: str, http2: bool = False, **extra: Any
+) -> dict[str, Any]:
+    """A cluster of one host on loopback (``http2``: HTTP/2, a gRPC server)."""
     return {
         "name": name,
         "type": "STATIC",
         "connect_timeout": connect_timeout,
-        "typed_extension_protocol_options": upstream_http_options(),
+        "typed_extension_protocol_options": upstream_http_options(http2),
         **extra,
         "load_assignment": {
             "cluster_name": name,

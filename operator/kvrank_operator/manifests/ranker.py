@@ -228,15 +228,18 @@ def _env(
         {"name": "KVRANK_PORT", "value": str(_ranker_port(spec))},
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
         {"name": "KVRANK_PROBE_PORT", "value": str(PROBE_PORT)},
-        {"name": "KVRANK_GRPC_PORT", "value": str(GRPC_PORT)},
+        {"name": "KVRANK_GRPC_PORT", "value": str(_ranker_port(spec, grpc=True))},
         *spec.admission.ranker_env(),
         *spec.model.env,
     ]
 
 
-def _ranker_port(spec: RankerSpec) -> int:
-    """Where the ranker serves: the pod's port, or behind its queue proxy."""
-    return queue_proxy.UPSTREAM_PORT if spec.admission.queue_proxy.enabled else spec.port
+def _ranker_port(spec: RankerSpec, grpc: bool = False) -> int:
+    """Where the ranker serves HTTP (``grpc``: gRPC): the pod's port, or behind its queue
+    proxy."""
+    if spec.admission.queue_proxy.enabled:
+        return queue_proxy.UPSTREAM_GRPC_PORT if grpc else queue_proxy.UPSTREAM_PORT
+    return GRPC_PORT if grpc else spec.port
 
 
 def ranker_resources(spec: RankerSpec) -> dict[str, Any]:
@@ -288,18 +291,18 @@ def _container(
     mounts: list[dict[str, Any]],
     resources: dict[str, Any],
 ) -> dict[str, Any]:
-    # behind a queue proxy the pod's http port is the proxy's, and the ranker's own port
-    # is no named port: no Service or NetworkPolicy reaches it
-    http = (
-        [] if spec.admission.queue_proxy.enabled else [{"name": "http", "containerPort": spec.port}]
-    )
+    # behind a queue proxy the pod's http and grpc ports are the proxy's, and the ranker's
+    # own ports are no named ports: no Service or NetworkPolicy reaches them
+    served = [
+        {"name": "http", "containerPort": spec.port},
+        {"name": "grpc", "containerPort": GRPC_PORT},
+    ]
     return {
         "name": "ranker",
         "image": image,
         "args": ["serve"],
         "ports": [
-            *http,
-            {"name": "grpc", "containerPort": GRPC_PORT},
+            *([] if spec.admission.queue_proxy.enabled else served),
             {"name": "admin", "containerPort": ADMIN_PORT},
             {"name": "probes", "containerPort": PROBE_PORT},
         ],

@@ -11,7 +11,7 @@ from kvrank_operator.spec import parse_spec
 
 
 def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> None:
-    from kvrank_operator.manifests.queue_proxy import UPSTREAM_PORT
+    from kvrank_operator.manifests.queue_proxy import UPSTREAM_GRPC_PORT, UPSTREAM_PORT
 
     def pod(admission: dict) -> dict:
         spec = parse_spec({"model": {"version": "v1", "uri": "/m"}, "admission": admission})
@@ -24,18 +24,20 @@ def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> Non
         proxy["name"] == "queue-proxy"
         and proxy["image"] == parse_spec({"model": {"version": "v1", "uri": "/m"}}).routing.image
     )  # the router image: the same stock Envoy
-    # the pod's http port (Services, the router, the PodMonitor) is the proxy's
-    # (gRPC is the ranker's own: the proxy carries HTTP)
-    assert [p["name"] for p in ranker["ports"]] == ["grpc", "admin", "probes"]
+    # the pod's http and grpc ports (Services, the router, the PodMonitor) are the proxy's
+    assert [p["name"] for p in ranker["ports"]] == ["admin", "probes"]
     assert proxy["ports"] == [
         {"name": "http", "containerPort": 8080},
+        {"name": "grpc", "containerPort": 8001},
         {"name": "proxy-stats", "containerPort": 9902},  # Envoy's statistics, for the PodMonitor
     ]
     env = {e["name"]: e.get("value") for e in ranker["env"]}
     assert env["KVRANK_PORT"] == str(UPSTREAM_PORT) and env["KVRANK_HOST"] == "0.0.0.0"
+    assert env["KVRANK_GRPC_PORT"] == str(UPSTREAM_GRPC_PORT)
     assert ranker["readinessProbe"]["httpGet"]["port"] == "probes"  # never behind the bound
     bootstrap = json.loads(proxy["args"][proxy["args"].index("--config-yaml") + 1])
-    listener, stats = bootstrap["static_resources"]["listeners"]
+    listener, grpc, stats = bootstrap["static_resources"]["listeners"]
+    assert grpc["address"]["socket_address"]["port_value"] == 8001
     assert stats["address"]["socket_address"]["port_value"] == 9902
     assert listener["address"]["socket_address"]["port_value"] == 8080
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
@@ -47,12 +49,17 @@ def test_a_queue_proxy_takes_the_pods_http_port_and_bounds_scoring_only() -> Non
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
     bound = clusters["ranker"]["circuit_breakers"]["thresholds"][0]
     assert bound["max_requests"] == 8 and bound["max_connections"] > 8
-    assert set(clusters) == {"ranker", "ranker-ops", "admin"}
-    for c in (clusters["ranker"], clusters["ranker-ops"]):
-        (endpoint,) = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert set(clusters) == {"ranker", "ranker-ops", "ranker-grpc", "admin"}
+    # gRPC: every call bounded alike, over HTTP/2 to the ranker's gRPC server
+    assert clusters["ranker-grpc"]["circuit_breakers"]["thresholds"][0] == bound
+    (options,) = clusters["ranker-grpc"]["typed_extension_protocol_options"].values()
+    assert "http2_protocol_options" in options["explicit_http_config"]
+    for name, port in (("ranker", UPSTREAM_PORT), ("ranker-ops", UPSTREAM_PORT),
+                       ("ranker-grpc", UPSTREAM_GRPC_PORT)):  # fmt: skip
+        (endpoint,) = clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"]
         assert endpoint["endpoint"]["address"]["socket_address"] == {
             "address": "127.0.0.1",
-            "port_value": UPSTREAM_PORT,
+            "port_value": port,
         }
     assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
