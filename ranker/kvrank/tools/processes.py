@@ -329,7 +329,12 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 
 @dataclass
 class RankerProcess:
-    """One real ``kvrank serve`` on loopback; :meth:`start` returns once it is ready."""
+    """One real ``kvrank serve`` on loopback; :meth:`start` returns once it is ready.
+
+    It stops without a drain delay (``KVRANK_DRAIN_DELAY_S=0`` unless ``env`` says
+    otherwise): a pod keeps serving for a while after SIGTERM because its Service's endpoints
+    lag behind, and nothing routes to a process on loopback that way. Requests in flight
+    still finish."""
 
     url: str
     port: int
@@ -358,9 +363,8 @@ class RankerProcess:
             *args,
         ]
         with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-            )
+            settings = {**os.environ, "KVRANK_DRAIN_DELAY_S": "0", **(env or {})}
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=settings)
         ranker = cls(f"http://127.0.0.1:{port}", port, log, proc)
         try:
             ranker._wait_ready(timeout_s)
