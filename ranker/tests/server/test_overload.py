@@ -79,6 +79,11 @@ def inflight(url: str) -> float:
     return metric(url, "kvrank_inflight_requests")
 
 
+async def until_inflight(url: str, n: int, what: str) -> None:
+    """Waits (off the event loop) until the ranker holds ``n`` requests in flight."""
+    await asyncio.to_thread(wait_for, lambda: inflight(url) == n, what, 10, interval=0.02)
+
+
 def encodes(url: str) -> float:
     return metric(url, "kvrank_user_encodes_total", kind="full")
 
@@ -169,11 +174,11 @@ def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
 
         async def scene() -> tuple[Any, ...]:
             first = asyncio.create_task(burst(url, bodies(1, "patient"), timeout_ms=10_000))
-            await asyncio.to_thread(wait_for, "first queued", lambda: inflight(url) == 1)
+            await until_inflight(url, 1, "first queued")
             leaving = burst(url, bodies(2, "leaving"), timeout_ms=10_000, give_up_s=0.2)
             late = burst(url, bodies(2, "late"), timeout_ms=200)
             queued = asyncio.gather(leaving, late)
-            await asyncio.to_thread(wait_for, "all admitted", lambda: inflight(url) == 5)
+            await until_inflight(url, 5, "all admitted")
             await asyncio.sleep(0.4)  # the leavers gone, the late ones' deadline passed
             gate.set()
             return (await first, *(await queued))
@@ -214,7 +219,7 @@ def test_callers_without_a_deadline_get_the_default_until_such_callers_are_seen_
         async def leavers() -> tuple[Any, ...]:
             held[0] = True  # the next encode holds the model thread
             first = asyncio.create_task(burst(url, bodies(1, "held"), timeout_ms=30_000))
-            await asyncio.to_thread(wait_for, "first queued", lambda: inflight(url) == 1)
+            await until_inflight(url, 1, "first queued")
             leaving = burst(url, bodies(8, "leaving"), timeout_ms=None, give_up_s=0.3)
             gone = await leaving
             held[0] = False
@@ -251,11 +256,11 @@ def test_a_caller_that_gave_up_does_not_fail_another_sharing_its_computation(
 
         async def scene() -> list[Any]:
             busy = asyncio.create_task(burst(url, [request_for("busy")[2]], timeout_ms=10_000))
-            await asyncio.to_thread(wait_for, "busy queued", lambda: inflight(url) == 1)
+            await until_inflight(url, 1, "busy queued")
             hasty = asyncio.create_task(burst(url, [body], timeout_ms=200))
-            await asyncio.to_thread(wait_for, "hasty queued", lambda: inflight(url) == 2)
+            await until_inflight(url, 2, "hasty queued")
             patient = asyncio.create_task(burst(url, [body], timeout_ms=10_000))
-            await asyncio.to_thread(wait_for, "patient queued", lambda: inflight(url) == 3)
+            await until_inflight(url, 3, "patient queued")
             await asyncio.sleep(0.3)  # the hasty one's deadline passed
             gate.set()
             return [await busy, await hasty, await patient]
