@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_monitoring_admission import fetched_crds, install_crds, strict_dry_run
+from api_server import fetched_crds, install_crds, strict_dry_run
 
 from kvrank_operator.crd import API_VERSION, KIND, crd
 from kvrank_operator.reconcilers import versions

@@ -4,45 +4,14 @@ from the operator's single source of truth."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from helm_chart import CHART, KUBE_VERSION, MONITORING, SERVED, helm, render
 
 from kvrank_operator.crd import crd
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kvrank-operator"
-KUBE_VERSION = "1.37.2"  # the local control plane's version
-
-
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    from localkube.local import binaries
-
-    return subprocess.run(
-        [str(binaries() / "helm"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "HELM_CACHE_HOME": "/tmp/kvrank-helm-cache"},
-    )
-
-
-def render(*args: str, release: str = "rel") -> list[dict]:
-    out = helm(
-        "template",
-        release,
-        str(CHART),
-        "--namespace",
-        "kvrank-system",
-        "--kube-version",
-        KUBE_VERSION,
-        *args,
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def test_the_install_the_readme_shows_names_its_objects_kvrank_operator() -> None:
@@ -281,19 +250,6 @@ def test_without_leader_election_one_replica_runs_and_more_are_refused() -> None
     assert out.returncode != 0 and "leaderElection.enabled" in out.stderr
 
 
-SERVED = ("--api-versions", "monitoring.coreos.com/v1")
-"""What a cluster with prometheus-operator tells helm (``helm template`` has no cluster)."""
-MONITORING = (
-    *SERVED,
-    "--set",
-    "monitoring.serviceMonitor.enabled=true",
-    "--set",
-    "monitoring.podMonitor.enabled=true",
-    "--set",
-    "monitoring.rules.enabled=true",
-    "--set",
-    "monitoring.dashboard.enabled=true",
-)
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 

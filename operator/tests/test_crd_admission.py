@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
+from api_server import install_crds
 from spec_fragments import EXAMPLE_DIR, POD_KNOBS
-from test_chart_monitoring_admission import install_crds
 
 from kvrank_operator.crd import API_VERSION
 

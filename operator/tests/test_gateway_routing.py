@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_server import fetched_crds, install_crds, strict_dry_run
 from localkube.images import PAUSE_IMAGE
 from localkube.processes import wait_for
-from test_chart_monitoring_admission import fetched_crds, install_crds, strict_dry_run
-from test_operator_process import condition, operator, rkd_status, tail_of
+from operator_process import condition, operator, rkd_status, tail_of
 
 from kvrank_operator.crd import API_VERSION
 from kvrank_operator.manifests.gateway import gateway_objects

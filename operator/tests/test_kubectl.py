@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_server import install_crds
 from rich.console import Console
-from test_chart_monitoring_admission import install_crds
 from typer.testing import CliRunner
 
 from kvrank_operator.crd import API_VERSION

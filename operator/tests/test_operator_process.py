@@ -8,24 +8,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from localkube.images import PAUSE_IMAGE
 from localkube.processes import wait_for
+from operator_process import condition, operator, rkd_status, tail_of
 from spec_fragments import EXAMPLE_DIR
 
-from kvrank.tools.processes import free_port, scrape
+from kvrank.tools.processes import scrape
 from kvrank_operator.crd import API_VERSION
 from kvrank_operator.spec import namespace_for
 
@@ -63,62 +59,6 @@ def ranker_deployment(ns: str) -> dict[str, Any]:
             },
         },
     }
-
-
-def tail_of(log: Path) -> Callable[[], str]:
-    """What a failed wait shows: the end of the operator's log."""
-    return lambda: log.read_text()[-3000:]
-
-
-@dataclass
-class Operator:
-    metrics: str
-    log: Path
-
-
-@contextlib.contextmanager
-def operator(cluster, ns: str, workdir: Path, *flags: str) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
-    """``kvrank-operator run`` for namespace ``ns`` only, healthy, stopped with SIGTERM."""
-    port, metrics_port, log = free_port(), free_port(), workdir / "operator.log"
-    cmd = [
-        str(Path(sys.executable).parent / "kvrank-operator"),
-        "run",
-        f"--kubeconfig={cluster.kubeconfig}",
-        f"--namespace={ns}",  # this test's namespace only: nothing else is reconciled
-        f"--metrics-port={metrics_port}",
-        f"--liveness-port={port}",
-        "--lease=kvrank-operator",
-        f"--lease-namespace={ns}",
-        *flags,
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-    try:
-        deadline = time.monotonic() + 60
-        healthy = False
-        while time.monotonic() < deadline and not healthy:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                healthy = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        assert healthy, log.read_text()[-3000:]
-        yield Operator(f"http://127.0.0.1:{metrics_port}", log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
-def rkd_status(cluster, ns: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    out = cluster.kubectl("get", "rkd", "feed", "-n", ns, "-o", "json", check=False)
-    return dict(json.loads(out.stdout).get("status") or {}) if out.returncode == 0 else {}
-
-
-def condition(status: dict[str, Any], ctype: str) -> tuple[str, str] | None:
-    for c in status.get("conditions", []):
-        if c["type"] == ctype:
-            return c["status"], c["reason"]
-    return None
 
 
 def test_the_operator_leads_reconciles_counts_and_hands_its_lease_back(

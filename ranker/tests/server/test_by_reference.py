@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from server_metrics import metric, model_work
 
 from kvrank.model.artifact import save_model
-from kvrank.tools.processes import samples
 
 SCORE = "/v1/score"
 
@@ -25,17 +25,6 @@ def by_reference(body: dict[str, Any], seq_hash: str | None = None) -> dict[str,
 
 def etag(seq_hash: str) -> dict[str, str]:
     return {"If-Match": f'"{seq_hash}"'}
-
-
-def metric(client: TestClient, name: str, **labels: str) -> float:
-    return sum(samples(client.get("/metrics").text, name, **labels))
-
-
-def model_work(client: TestClient) -> float:
-    """Every piece of model work the pod did: user-side encodes and candidate scoring."""
-    return metric(client, "kvrank_user_encodes_total") + metric(
-        client, "kvrank_stage_seconds_count", stage="score"
-    )
 
 
 def test_an_answer_names_its_history_and_a_request_by_that_name_scores_the_same(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from test_by_reference import metric, model_work
+from server_metrics import metric, model_work
 
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY

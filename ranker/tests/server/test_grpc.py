@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from test_v2 import MODEL, SCORE, tensors
+from oip_inputs import MODEL, SCORE, tensors
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
