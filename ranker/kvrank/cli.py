@@ -109,6 +109,31 @@ def train(
     train_and_save(out, profile, steps, version, seed, batch_users, time_budget)
 
 
+ServedOption = Annotated[
+    str | None,
+    typer.Option(
+        "--protocol",
+        help="Comma-separated, json first (json, json-ref, v2-http, v2-grpc): then serve the"
+        " profile's model (or --model) with kvrank serve on --device and time each user's L1"
+        " hit by each protocol, one request at a time (a 'served' section).",
+    ),
+]
+
+
+def _protocols(given: str | None) -> tuple[str, ...]:
+    """``--protocol`` as a tuple, checked before any work (empty: no served step)."""
+    from kvrank.tools.served import check_protocols
+
+    if not given:
+        return ()
+    protocols = tuple(given.split(","))
+    try:
+        check_protocols(protocols)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--protocol") from None
+    return protocols
+
+
 @app.command()
 def bench(
     profile: Annotated[
@@ -140,9 +165,10 @@ def bench(
             " candidate_layers): scores approximate increments against full encodes."
         ),
     ] = None,
+    protocol: ServedOption = None,
 ) -> None:
     """Measure no-cache (batched, serial) / miss / hit / int8 / incremental scoring side by
-    side."""
+    side; with --protocol, the same model served, its L1 hit by each protocol."""
     import shutil
     import tempfile
 
@@ -150,6 +176,7 @@ def bench(
     from kvrank.tools.processes import ProcessStack
 
     counts = [int(c) for c in candidates.split(",")] if candidates else None
+    protocols = _protocols(protocol)
     if profile not in PROFILES:
         raise typer.BadParameter(f"profile must be one of {PROFILES}", param_hint="--profile")
     if compute_dtype not in ("fp32", "bf16", "fp16"):
@@ -163,6 +190,10 @@ def bench(
         url = stack.start_redis() if l2 and shutil.which("redis-server") else None
         dtype = cast("ComputeDType", compute_dtype)
         run_bench(profile, device, counts, json_out, plot, model, url, compact_model, dtype)
+    if protocols:
+        from kvrank.tools.served import bench_served
+
+        bench_served(profile, dtype, device, protocols, model, max(counts or [100]), json_out)
 
 
 @app.command()

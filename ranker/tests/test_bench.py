@@ -100,6 +100,49 @@ def test_a_lower_precision_is_refused_for_an_artifact_which_keeps_its_own(tmp_pa
     assert result.exit_code == 2 and "fp32, bf16 or fp16" in result.output
 
 
+def test_an_unknown_protocol_is_refused_before_the_bench_runs() -> None:
+    from typer.testing import CliRunner
+
+    from kvrank.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--protocol", "json,carrier-pigeon"])
+    assert result.exit_code == 2, result.output
+    assert "--protocol" in result.output and "carrier-pigeon" in result.output
+    result = CliRunner().invoke(app, ["bench", "--protocol", "v2-grpc"])  # no JSON reference
+    assert result.exit_code == 2 and "json" in result.output
+
+
+@pytest.mark.slow
+def test_the_served_step_times_the_hit_by_each_protocol_and_extends_the_report(
+    tmp_path: Path,
+) -> None:
+    """``kvrank bench --protocol``'s step after the bench: a served model's users asked by
+    JSON (a miss, then an L1 hit) and by every other protocol (L1 hits), added to the
+    bench's JSON beside what it had."""
+    import torch
+
+    from kvrank.model.artifact import save_model
+    from kvrank.model.config import TINY
+    from kvrank.model.ranker import RankerModel
+    from kvrank.tools.callers import PROTOCOLS
+    from kvrank.tools.served import bench_served
+
+    torch.manual_seed(0)
+    model = save_model(RankerModel(TINY, "v1").eval(), tmp_path / "v1")
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"profile": "quick"}))
+    bench_served("quick", "fp32", "cpu", PROTOCOLS, model, 10, report, users=3)
+    written = json.loads(report.read_text())
+    assert written["profile"] == "quick"  # the bench's own report is kept
+    served = written["served"]
+    assert served["cache_first"] == ["miss"] and served["cache_again"] == ["l1"]
+    assert set(served["hit_by_protocol"]) == set(PROTOCOLS)
+    for protocol, hits in served["hit_by_protocol"].items():
+        assert hits["answers"] == ["200 l1"], (protocol, hits)
+        assert 0 < hits["p50_ms"] <= hits["p99_ms"]
+    assert served["max_abs_diff_hit_vs_miss"] == 0.0
+
+
 def test_the_wire_benchmark_sends_each_hit_both_ways_with_the_same_scores() -> None:
     """A short ``make bench-wire``: every block an L1 hit, the same scores to the last bit by
     every protocol (JSON, tritonclient's binary tensors over HTTP and gRPC, whole and by
