@@ -36,6 +36,7 @@ class Prometheus:
     discovery: PodTargets
 
     def stop(self, cluster: LocalCluster) -> None:
+        """The discovery loop and the server (stopping one never started is a no-op)."""
         self.discovery.stop()
         cluster.supervisor.stop_named("prometheus")
 
@@ -43,7 +44,7 @@ class Prometheus:
 def start_prometheus(cluster: LocalCluster, workdir: Path, ns: str) -> Prometheus:
     """Prometheus in the node's network namespace (pods reach it at the bridge address),
     scraping the pods that :class:`PodTargets` lists through the API server (the rankers
-    in ``ns``, the operator in its own)."""
+    in ``ns``, the operator in its own). On failure nothing it started is left running."""
     kubectl = cluster.kubectl
     kubectl("create", "serviceaccount", "prometheus", "-n", ns)
     for where in (ns, OPERATOR_NS):  # the rankers and the operator: pods, read-only
@@ -52,10 +53,20 @@ def start_prometheus(cluster: LocalCluster, workdir: Path, ns: str) -> Prometheu
         kubectl("create", "rolebinding", "prometheus", "-n", where, "--role=prometheus",
                 f"--serviceaccount={ns}:prometheus")  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
-    targets = workdir / "targets.json"
     kubeconfig = cluster.service_account_kubeconfig(ns, "prometheus", 4 * 3600)
-    discovery = PodTargets(kubeconfig, targets, ns)
+    discovery = PodTargets(kubeconfig, workdir / "targets.json", ns)
     discovery.start()
+    prometheus = Prometheus("", discovery)
+    try:
+        prometheus.url = _run_server(cluster, workdir, discovery.out)
+    except BaseException:
+        prometheus.stop(cluster)
+        raise
+    return prometheus
+
+
+def _run_server(cluster: LocalCluster, workdir: Path, targets: Path) -> str:
+    """The server with the chart's alert rules, scraping ``targets``; its URL once ready."""
     rules = workdir / "rules.yaml"
     rules.write_text(yaml.safe_dump(alert_rules(cluster)))
     conf = {
@@ -87,7 +98,7 @@ def start_prometheus(cluster: LocalCluster, workdir: Path, ns: str) -> Prometheu
             return False
 
     wait_for(up, "Prometheus ready", 60, lambda: cluster.logs(40))
-    return Prometheus(url, discovery)
+    return url
 
 
 def _prometheus_name(label: str) -> str:
