@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -69,24 +70,65 @@ def scrape(url: str, name: str, **labels: str) -> float:
     return sum(samples(httpx.get(f"{url}/metrics", timeout=10).text, name, **labels))
 
 
+LOWEST_PORT = 10_000
+"""Where the ports handed out here start (below: the ports services usually own)."""
+NODE_PORTS = 30_000
+"""Where Kubernetes' NodePort range starts (the local cluster's kube-proxy may hold those):
+the ports handed out here stay below it too."""
+_handed_out: set[int] = set()
+"""Ports this process handed out already: not handed out again (their servers may not have
+bound them yet)."""
+_handing_out = threading.Lock()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives outgoing connections (``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _free_ports(offsets: tuple[int, ...]) -> int:
+    """A random port p, free on loopback with p + each offset, all below the kernel's
+    ephemeral range (and the NodePorts). A port the kernel handed out (``bind(0)``) and
+    released is in that range, and any outgoing connection on the machine may take it as its
+    local port before the server meant to bind it does ("address already in use", seen with
+    a busy test run beside); below the range only another caller of this could, and the
+    random choice keeps two of them apart."""
+    top = min(_ephemeral_floor(), NODE_PORTS) - 1 - max(offsets)
+    if top <= LOWEST_PORT:
+        raise RuntimeError(f"no ports below the ephemeral range ({top + max(offsets) + 1})")
+    with _handing_out:
+        if len(_handed_out) > 4096:  # handed out long ago: bound by now, or never to be
+            _handed_out.clear()
+        for _ in range(200):
+            port = random.randint(LOWEST_PORT, top)
+            wanted = {port + offset for offset in offsets}
+            if wanted & _handed_out:
+                continue
+            sockets = [socket.socket() for _ in offsets]
+            try:
+                for s, taken in zip(sockets, sorted(wanted), strict=True):
+                    s.bind(("127.0.0.1", taken))
+            except OSError:
+                continue
+            finally:
+                for s in sockets:
+                    s.close()
+            _handed_out.update(wanted)
+            return port
+    raise RuntimeError("no free port found below the ephemeral range")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on loopback for a server to bind (see :func:`_free_ports`)."""
+    return _free_ports((0,))
 
 
 def free_port_pair() -> int:
-    """A free port p with p + 10000 free too (Redis Cluster's bus port), both <= 65535."""
-    for _ in range(200):
-        port = random.randint(20_000, 55_000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10_000))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair found")
+    """A free port p with p + 10000 free too (Redis Cluster's bus port)."""
+    return _free_ports((0, 10_000))
 
 
 @dataclass
