@@ -70,8 +70,10 @@ def scrape(url: str, name: str, **labels: str) -> float:
     return sum(samples(httpx.get(f"{url}/metrics", timeout=10).text, name, **labels))
 
 
-LOWEST_PORT = 10_000
-"""Where the ports handed out here start (below: the ports services usually own)."""
+LOWEST_PORT = 11_000
+"""Where the ports handed out here start: above the ports services usually own, Kubernetes'
+node components' defaults (10248-10260: a kube-proxy in the local node keeps its own)
+included."""
 NODE_PORTS = 30_000
 """Where Kubernetes' NodePort range starts (the local cluster's kube-proxy may hold those):
 the ports handed out here stay below it too."""
