@@ -10,6 +10,7 @@ even on errors.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -83,8 +84,10 @@ bound them yet)."""
 _handing_out = threading.Lock()
 
 
+@functools.cache
 def _ephemeral_floor() -> int:
-    """The lowest port the kernel gives outgoing connections (``ip_local_port_range``)."""
+    """The lowest port the kernel gives outgoing connections (``ip_local_port_range``), read
+    once: a setting of the machine, not of the moment."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
