@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvrank_common import CACHED_OUTCOMES, REQUESTS_METRIC
 from kvrank_operator import manifests as m
-from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import CHECKS, Check, PrometheusEndpoint, RankerSpec
 
@@ -141,10 +140,10 @@ PodReadings = dict[str, dict[str, Counts]]
 """pod uid → model version → counts."""
 
 
-def read_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> PodReadings:
+def read_pods(pods: list[dict[str, Any]], spec: RankerSpec) -> PodReadings:
     """Every ranker pod's counters now (pods that do not answer are left out)."""
     out: PodReadings = {}
-    for pod in kube.list("v1", "Pod", ns, m.ranker_selector(name)):
+    for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or pod["metadata"].get("deletionTimestamp"):
             continue
@@ -181,8 +180,15 @@ class Windows:
         """RankerDeployment uid → (window key, every pod's counters when it opened)."""
 
     def reader(
-        self, kube: Kube, spec: RankerSpec, name: str, ns: str, uid: str, now: dt.datetime
+        self,
+        pods: Callable[[], list[dict[str, Any]]],
+        spec: RankerSpec,
+        name: str,
+        ns: str,
+        uid: str,
+        now: dt.datetime,
     ) -> Callable[[str, dt.datetime], Window]:
+        """``pods``: the instance's ranker pods as the pass observed them."""
         assert spec.canary is not None
         stable, canary, a = spec.model.version, spec.canary.version, spec.canary.analysis
 
@@ -190,7 +196,7 @@ class Windows:
             if a.source == "prometheus" and a.prometheus is not None:
                 seconds = (now - since).total_seconds()
                 return prometheus_window(a.prometheus, name, ns, stable, canary, seconds)
-            readings = read_pods(kube, spec, name, ns)
+            readings = read_pods(pods(), spec)
             opened = self._open.get(uid)
             if opened is None or opened[0] != key:
                 self._open[uid] = opened = (key, readings)

@@ -1,27 +1,27 @@
-"""Level-based reconciliation of one ``RankerDeployment``: one pass through the reconcilers.
+"""Level-based reconciliation of one ``RankerDeployment``: one pass, in two phases.
 
-The spec is parsed once; then, in order:
+The spec is parsed once; then
 
-1. **TTL** — measure request intervals when due; the TTL in force is an input of the
-   ranker ConfigMap (:mod:`~kvrank_operator.reconcilers.ttl`);
-2. **apply** — the managed Redis's objects and the serving objects for the spec as the
-   rollout applies it, then the PodMonitor;
-3. **observe** — one read of what the cluster reports (:mod:`~kvrank_operator.reconcilers.observe`);
-4. **rollout** — advance the canary; when that changes what serves, apply and observe again;
-5. **act and report** — remove old versions once the stable is Ready, move cache
-   namespaces on, report the Redis's health.
+1. **decide** — the TTL tuner measures request intervals when due, and the canary's rollout
+   advances, promotes or aborts (:mod:`~kvrank_operator.reconcilers.ttl`,
+   :mod:`~kvrank_operator.reconcilers.canary`); they read the cluster once between them,
+   and only when one needs it;
+2. **act** — every concern (:data:`~kvrank_operator.reconcilers.concerns.CONCERNS`) applies
+   what it wants for the spec as the rollout now applies it; the cluster is observed once
+   (:mod:`~kvrank_operator.reconcilers.observe`); each concern reports from that.
 
-Each reconciler returns its part of the status; this module composes them into the new
-:class:`~kvrank_operator.state.Status`, the Events to post and the next deadline. Each call
-recomputes everything, so it is safe to run again at any time (after an operator restart,
-on a timer, on every change); it never patches the status itself.
+This module composes the reports into the new :class:`~kvrank_operator.state.Status`
+(``Ready`` from what every concern says keeps the instance from answering), the Events to
+post and the next deadline. Each call recomputes everything, so it is safe to run again at
+any time (after an operator restart, on a timer, on every change); it never patches the
+status itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,16 +30,17 @@ from kvrank_operator import rollout
 from kvrank_operator.analysis import Windows
 from kvrank_operator.errors import SpecError
 from kvrank_operator.kube import Kube
-from kvrank_operator.reconcilers import (
-    cache_namespaces,
-    canary,
-    managed_redis,
-    monitoring,
-    routing,
-    ttl,
-    versions,
+from kvrank_operator.reconcilers import canary, ttl
+from kvrank_operator.reconcilers.base import (
+    Context,
+    Event,
+    Fresh,
+    HealthCheck,
+    Pass,
+    Report,
+    apply,
 )
-from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.reconcilers.concerns import CONCERNS
 from kvrank_operator.reconcilers.observe import Observed, observe
 from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
 from kvrank_operator.state import (
@@ -76,7 +77,7 @@ class Outcome:
 class Options:
     """How the operator process runs the reconcilers (from its command line)."""
 
-    redis_health: managed_redis.HealthCheck | None = None
+    redis_health: HealthCheck | None = None
     """Asks a formed managed Redis's nodes (and heals a step); ``None``: the StatefulSet
     alone says."""
     monitoring: m.PodMonitoring | None = None
@@ -102,44 +103,85 @@ def reconcile(
 
 
 def _pass(p: Pass, memory: Memory, options: Options) -> Outcome:
-    live = rollout.effective(p.spec, p.prior.rollout)
-    tuned, report = ttl.reconcile(p, live, memory.measured_at)
+    before = rollout.effective(p.spec, p.prior.rollout)
+    first = _Once(lambda: observe_as(p, before))
+    tuned, report = ttl.reconcile(p, before, memory.measured_at, lambda: first().pods)
     if tuned.measured:
         memory.measured_at = p.now
-    ttl_s = tuned.ttl.seconds if tuned.ttl is not None else None
-    report += managed_redis.apply(p)
-    report += versions.apply(p, live, ttl_s)
-    report += monitoring.reconcile(p, options.monitoring)
-    seen = _observe(p, live)
-    record, after, rolled = canary.reconcile(p, live, seen, memory.windows)
+    record, live, rolled = canary.reconcile(p, before, first, memory.windows)
+    c = _context(p, live, tuned.ttl.seconds if tuned.ttl is not None else None, first, options)
+    applied = [apply(p, concern.desired(c)) for concern in CONCERNS]
+    seen = _after_apply(p, before, live, first, sum(a.writes for a in applied))
+    if any(version not in seen.deployments for version, _ in live.versions()):
+        p.kube.forget_applied()  # deleted by someone: apply everything again next time
     report += rolled
-    if after != live:  # a phase or step changed: its weight and Service apply now
-        report += versions.apply(p, after, ttl_s)
-        seen = _observe(p, after)
-    report += routing.reconcile(p, after, seen)  # the router follows the canary's share
-    serving, served = versions.reconcile(p, after, seen)
-    namespaces, moved = cache_namespaces.reconcile(p, after, seen)
-    report += served + moved + managed_redis.reconcile(p, seen.redis, options.redis_health)
-    report = routing.fold_into_ready(report)
+    for concern, did in zip(CONCERNS, applied, strict=True):
+        report += concern.report(p, c, seen, did)
+    composed = Report(conditions=(SPEC_VALID, ready_condition(report))) + report
     status = dataclasses.replace(
         p.prior,
-        conditions=_conditions(p, Report(conditions=(SPEC_VALID,)) + report),
-        cache_namespaces=namespaces,
+        conditions=_conditions(p, composed),
+        cache_namespaces=report.cache_namespaces or (),
         rollout=record,
         ttl=tuned.ttl,
         hit_ratio=tuned.hit_ratio,
         observed_at=tuned.observed_at,
-        serving=serving,
+        serving=report.serving,
         observed_generation=p.instance.generation,
     )
     return Outcome(status, report.events, report.due_in)
 
 
-def _observe(p: Pass, live: RankerSpec) -> Observed:
-    seen = observe(p.kube, live, p.instance.name, p.instance.namespace)
-    if any(version not in seen.deployments for version, _ in live.versions()):
-        p.kube.forget_applied()  # deleted by someone: apply everything again next time
-    return seen
+def observe_as(p: Pass, live: RankerSpec) -> Observed:
+    return observe(p.kube, live, p.instance.name, p.instance.namespace)
+
+
+class _Once:
+    """The cluster as the pass began, read on first use (a decider's)."""
+
+    def __init__(self, read: Callable[[], Observed]) -> None:
+        self._read = read
+        self.value: Observed | None = None
+
+    def __call__(self) -> Observed:
+        if self.value is None:
+            self.value = self._read()
+        return self.value
+
+
+def _after_apply(
+    p: Pass, before: RankerSpec, live: RankerSpec, first: _Once, writes: int
+) -> Observed:
+    """What the concerns report from: the deciders' read when nothing was written since
+    (a steady canary reads the cluster once per pass), else a new read."""
+    if first.value is not None and live == before and writes == 0:
+        return first.value
+    return observe_as(p, live)
+
+
+def _context(
+    p: Pass,
+    live: RankerSpec,
+    ttl_s: float | None,
+    first: Callable[[], Observed],
+    options: Options,
+) -> Context:
+    """The concerns' input. A canary gets router weight once it has a ready pod (read
+    only when there is a canary: the stable version is always routed)."""
+    routed: frozenset[str] = frozenset()
+    if live.canary is not None:
+        routed = frozenset(v for v, _ in live.versions() if first().ready_replicas(v) > 0)
+    fresh = Fresh.generate(live, p.instance, p.now)
+    return Context(p.instance, live, ttl_s, routed, fresh, options.monitoring, options.redis_health)
+
+
+def ready_condition(report: Report) -> ConditionUpdate:
+    """``Ready``: every concern's ``unready`` reasons, or none (what ``kubectl wait
+    --for=condition=Ready`` waits for is an instance that answers)."""
+    if not report.unready:
+        return ConditionUpdate("Ready", True, "AllReady", "all versions Ready")
+    message = "; ".join(why for _, why in report.unready)
+    return ConditionUpdate("Ready", False, report.unready[0][0], message)
 
 
 def _conditions(p: Pass, report: Report) -> tuple[Condition, ...]:

@@ -1,9 +1,9 @@
 """What the operator would apply for a RankerDeployment, without a cluster.
 
-The same pure builders the reconciler uses, for the spec as its first pass applies it (no
-rollout yet: a canary at its first step, out of the Service while it warms up; the TTL a
-fixed mode sets, none for ``auto`` until measured; a bundled router that routes to every
-version, as once their pods are ready). What the operator decides from what it observes —
+The concerns the operator's pass loops over (``reconcilers.concerns.CONCERNS``), asked what
+they want for the spec as its first pass applies it (no rollout yet: a canary at its first
+step, out of the Service and the router while it warms up; the TTL a fixed mode sets, none
+for ``auto`` until measured). What the operator decides from what it observes —
 old versions removed, purge Jobs, a Redis cluster healed — is not here, nor the owner
 reference the API server's uid makes. Secrets keep their keys, never their values: the
 password and certificates are generated per cluster and create-only.
@@ -20,14 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvrank_operator import manifests as m
-from kvrank_operator.certs import redis_tls
 from kvrank_operator.crd import SPEC
 from kvrank_operator.errors import DocumentError
-from kvrank_operator.manifests.gateway import gateway_objects
-from kvrank_operator.manifests.router import router_objects
+from kvrank_operator.reconcilers.base import Context, Fresh
+from kvrank_operator.reconcilers.concerns import desired
 from kvrank_operator.rollout import effective
 from kvrank_operator.schema_check import problems
-from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
+from kvrank_operator.spec import Defaults, parse_spec
+from kvrank_operator.state import Instance
 from kvrank_operator.ttl_policy import next_ttl
 
 REDACTED = "<redacted: generated in the cluster>"
@@ -59,29 +59,14 @@ def render(
         raise DocumentError(field, problem + more)
     spec = parse_spec(doc.get("spec") or {}, defaults or Defaults())
     live = effective(spec, None)
-    out = [
-        _redacted(d.obj) for d in m.desired_redis(spec, name, ns, REDACTED, _tls(spec, name, ns))
-    ]
+    instance = Instance(name, ns, uid="", generation=1)
+    fresh = Fresh.generate(live, instance, dt.datetime.now(dt.UTC))  # then redacted
     ttl = next_ttl(None, None, live.ttl)
-    out += [_redacted(d.obj) for d in m.desired_rankers(live, name, ns, ttl, REDACTED)]
-    if monitoring is not None:
-        out.append(m.pod_monitor(name, ns, monitoring))
-    if live.routing.mode == "bundled":
-        out += router_objects(live, name, ns, frozenset(v for v, _ in live.versions()))
-    elif live.routing.mode == "gateway":
-        out += gateway_objects(live, name, ns)
-    return out
+    c = Context(instance, live, ttl, frozenset(), fresh, monitoring)
+    return [redacted(d.obj) for d in desired(c)]
 
 
-def _tls(spec: RankerSpec, name: str, ns: str) -> dict[str, str] | None:
-    r = spec.cache.redis
-    if r.mode != "managed" or not r.tls or r.tls_secret:
-        return None
-    now = dt.datetime.now(dt.UTC)
-    return redis_tls(m.redis_name(name), m.tls_dns_names(name, ns), now)  # then redacted
-
-
-def _redacted(obj: dict[str, Any]) -> dict[str, Any]:
+def redacted(obj: dict[str, Any]) -> dict[str, Any]:
     if obj["kind"] != "Secret":
         return obj
     out = dict(obj)

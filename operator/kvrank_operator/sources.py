@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvrank_common import CACHED_OUTCOMES, HIT_RATIO_METRIC, INTERVAL_METRIC, REQUESTS_METRIC
 from kvrank_operator import manifests as m
-from kvrank_operator.kube import Kube
 from kvrank_operator.prometheus import Prometheus, QueryError
 from kvrank_operator.spec import PrometheusEndpoint, RankerSpec
 from kvrank_operator.ttl_policy import parse_gauge
@@ -39,13 +40,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def from_pods(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Measured:
-    pods = kube.list(
-        "v1",
-        "Pod",
-        ns,
-        m.ranker_selector(name),
-    )
+Pods = Callable[[], list[dict[str, Any]]]
+"""The instance's ranker pods, as the pass observed them (read only when called)."""
+
+
+def from_pods(pods: list[dict[str, Any]], spec: RankerSpec) -> Measured:
+    """Each ranker pod's ``/metrics``, scraped."""
     means: list[float] = []
     ratios: list[float] = []
     for pod in pods:
@@ -95,7 +95,7 @@ def _value(prometheus: Prometheus, query: str) -> tuple[float | None, tuple[str,
         return None, (exc.reason, exc.message)
 
 
-def measure(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Measured:
+def measure(pods: Pods, spec: RankerSpec, name: str, ns: str) -> Measured:
     if spec.ttl.source == "prometheus" and spec.ttl.prometheus is not None:
         return from_prometheus(spec.ttl.prometheus, name, ns)
-    return from_pods(kube, spec, name, ns)
+    return from_pods(pods(), spec)

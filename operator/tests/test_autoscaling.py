@@ -17,7 +17,7 @@ from api_server import fetched_crds, install_crds, strict_dry_run
 
 from kvrank_operator.crd import API_VERSION, KIND, crd
 from kvrank_operator.reconcilers import versions
-from kvrank_operator.reconcilers.base import Pass
+from kvrank_operator.reconcilers.base import Applied, Context, Fresh, Pass
 from kvrank_operator.reconcilers.observe import Observed
 from kvrank_operator.spec import parse_spec
 from kvrank_operator.state import Instance, Status
@@ -67,10 +67,12 @@ def test_the_scale_subresource_reports_the_replicas_that_are_ready() -> None:
     def deployment(ready: int) -> dict[str, Any]:
         return {"metadata": {"generation": 1}, "status": {"readyReplicas": ready}}
 
-    seen = Observed({"v1": deployment(1), "v2": deployment(0)}, {"v1", "v2"}, {}, set(), None)
+    seen = Observed({"v1": deployment(1), "v2": deployment(0)}, {"v1", "v2"}, {}, set(), None, [])
     now = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
     p = Pass(None, Instance("feed", "prod", "uid-1", 1), spec, Status(), now)  # type: ignore[arg-type]
-    serving, _ = versions.reconcile(p, spec, seen)
+    c = Context(p.instance, spec, None, frozenset(), Fresh("", "", None))
+    serving = versions.report(p, c, seen, Applied()).serving
+    assert serving is not None
     assert [(v.version, v.replicas, v.ready_replicas) for v in serving.versions] == [
         ("v1", 3, 1),
         ("v2", 1, 0),

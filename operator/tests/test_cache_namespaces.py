@@ -16,7 +16,7 @@ import pytest
 from kvrank_operator import manifests as m
 from kvrank_operator.kube import Kube, Owner, load_client
 from kvrank_operator.reconcilers import cache_namespaces
-from kvrank_operator.reconcilers.base import Pass
+from kvrank_operator.reconcilers.base import Applied, Context, Fresh, Pass
 from kvrank_operator.reconcilers.observe import Observed, cache_namespace
 from kvrank_operator.spec import (
     CACHE_NAMESPACE_MAX,
@@ -109,10 +109,11 @@ def _pass(
     now: dt.datetime = NOW,
     kube: Kube | None = None,
 ) -> Status:
-    seen = Observed({}, writing or set(), {}, set(), None)
+    seen = Observed({}, writing or set(), {}, set(), None, [])
     p = Pass(kube, instance, spec, prior, now)  # type: ignore[arg-type]
-    entries, _ = cache_namespaces.reconcile(p, spec, seen)
-    return dataclasses.replace(prior, cache_namespaces=entries)
+    c = Context(instance, spec, None, frozenset(), Fresh("", "", None))
+    entries = cache_namespaces.report(p, c, seen, Applied()).cache_namespaces
+    return dataclasses.replace(prior, cache_namespaces=entries or ())
 
 
 # ------------------------------------------------- on the session's real API server

@@ -1,7 +1,8 @@
 """``kvrank-operator render``: what the operator would apply for a RankerDeployment, printed
 without a cluster — every example renders, Secrets keep their keys but never a value, and a
 document the operator would refuse is refused naming the field. (That it is what the
-operator does apply is shown against a real API server in ``test_operator_process``.)"""
+operator does apply is shown against a real API server in ``test_reconcile_pass``, object for
+object, and in ``test_operator_process`` by a running operator.)"""
 
 from __future__ import annotations
 

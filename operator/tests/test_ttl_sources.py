@@ -77,6 +77,10 @@ def test_the_condition_tells_why_and_flips_once_intervals_are_measured() -> None
     assert again == measured
 
 
+def _no_pods() -> list[dict]:
+    raise AssertionError("a Prometheus source reads no pods")
+
+
 def _pass(spec: dict, status: Status) -> Pass:
     instance = Instance("feed", "prod", "uid-1", 3)
     return Pass(None, instance, parse_spec(spec), status, NOW)  # type: ignore[arg-type]
@@ -88,14 +92,14 @@ def test_the_tuner_measures_when_due_says_why_it_has_no_interval_and_waits_its_p
     ttl = {"mode": "auto", "source": {"type": "prometheus", "prometheus": {"url": prometheus.url}}}
     spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": {**ttl, "intervalSeconds": 60}}
     p = _pass(spec, Status())
-    tuned, report = reconcile_ttl(p, p.spec, None)
+    tuned, report = reconcile_ttl(p, p.spec, None, _no_pods)
     assert tuned.measured and tuned.ttl is None  # no interval measured: no TTL invented
     (c,) = report.conditions
     assert (c.type, c.ok, c.reason) == ("TTLSource", False, "NoData")
     assert report.due_in == 60
     # measured 20 s ago by this process: not due, nothing read, nothing changes
     later = dataclasses.replace(p, now=NOW + dt.timedelta(seconds=20))
-    again, waiting = reconcile_ttl(later, p.spec, NOW)
+    again, waiting = reconcile_ttl(later, p.spec, NOW, _no_pods)
     assert not again.measured and waiting.conditions == () and waiting.due_in == 40
 
 
@@ -107,7 +111,7 @@ def test_a_fixed_ttl_is_published_at_once_and_drops_the_source_condition(
     spec = {"model": {"version": "v1", "uri": "/m"}, "ttl": ttl}
     earlier = Condition("TTLSource", False, "NoData", "none", 2, "2026-11-30T11:00:00Z")
     p = _pass(spec, Status(conditions=(earlier,), observed_at="2026-11-30T11:59:50Z"))
-    tuned, report = reconcile_ttl(p, p.spec, NOW)  # due or not: a new fixed TTL applies
+    tuned, report = reconcile_ttl(p, p.spec, NOW, _no_pods)  # due or not: a new fixed TTL applies
     assert tuned.ttl is not None and (tuned.ttl.seconds, tuned.ttl.source) == (42, "fixed")
     assert report.removed == ("TTLSource",)
     assert [e[1] for e in report.events] == ["TTLUpdated"]

@@ -29,6 +29,9 @@ class Desired:
     create_only: bool = False
     """Created when absent, never updated: Job templates are immutable, and a Secret's
     generated password or certificates must never be replaced under running pods."""
+    optional: bool = False
+    """A third-party CRD's kind (a PodMonitor, an HTTPRoute): where the cluster does not
+    serve it or refuses it, its concern reports why instead of failing the pass."""
 
     @property
     def kind(self) -> str:

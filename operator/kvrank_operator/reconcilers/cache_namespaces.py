@@ -16,7 +16,8 @@ import math
 
 from kvrank_operator import manifests as m
 from kvrank_operator.clock import iso, parse_iso
-from kvrank_operator.reconcilers.base import Event, Pass, Report
+from kvrank_operator.manifests.desired import Desired
+from kvrank_operator.reconcilers.base import Applied, Context, Event, Pass, Report
 from kvrank_operator.reconcilers.observe import Observed
 from kvrank_operator.spec import RankerSpec, namespace_for
 from kvrank_operator.state import CacheNamespace, NamespaceState
@@ -25,9 +26,12 @@ ACTIVE, RETIRED = NamespaceState.ACTIVE, NamespaceState.RETIRED
 PURGING, PURGED = NamespaceState.PURGING, NamespaceState.PURGED
 
 
-def reconcile(
-    p: Pass, live: RankerSpec, seen: Observed
-) -> tuple[tuple[CacheNamespace, ...], Report]:
+def desired(c: Context) -> list[Desired]:
+    return []  # purge Jobs are created as observed namespaces come due (``report``)
+
+
+def report(p: Pass, c: Context, seen: Observed, applied: Applied) -> Report:
+    live = c.live
     events: list[Event] = []
     wanted = {
         namespace_for(p.instance.name, p.instance.namespace, version): (version, role)
@@ -36,7 +40,9 @@ def reconcile(
     entries = _activate(p, wanted, events)
     entries = [e if e.namespace in wanted else _step(p, live, e, seen, events) for e in entries]
     due = [d for e in entries if (d := e.purge_due_in(p.now)) is not None]
-    return tuple(entries), Report(events=tuple(events), due_in=min(due, default=math.inf))
+    return Report(
+        events=tuple(events), due_in=min(due, default=math.inf), cache_namespaces=tuple(entries)
+    )
 
 
 def _activate(

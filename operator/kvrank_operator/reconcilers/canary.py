@@ -9,6 +9,8 @@ up, gone once aborted), which the versions and cache-namespace reconcilers then 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvrank_operator import rollout
 from kvrank_operator.analysis import Window, Windows
 from kvrank_operator.crd import API_VERSION, KIND
@@ -21,16 +23,17 @@ CONDITION = "CanaryAnalysis"
 
 
 def reconcile(
-    p: Pass, live: RankerSpec, seen: Observed, windows: Windows
+    p: Pass, live: RankerSpec, seen: Callable[[], Observed], windows: Windows
 ) -> tuple[Rollout | None, RankerSpec, Report]:
-    """``live``: the spec as the rollout applied it when the pass began."""
+    """``live``: the spec as the rollout applied it when the pass began; ``seen``: the
+    cluster as the pass began (read only when there is a canary)."""
     canary = p.spec.canary
     ready = False
     read: rollout.ReadWindow = _no_window
     if canary is not None:
-        ready = seen.ready(live, canary.version, "canary")
+        ready = seen().ready(live, canary.version, "canary")
         i = p.instance
-        read = windows.reader(p.kube, p.spec, i.name, i.namespace, i.uid, p.now)
+        read = windows.reader(lambda: seen().pods, p.spec, i.name, i.namespace, i.uid, p.now)
     else:
         windows.close(p.instance.uid)
     decision = rollout.advance(p.spec, p.prior.rollout, ready, read, p.now)

@@ -7,32 +7,36 @@ is removed. Nothing else in the pass depends on it: a refusal is a condition, no
 
 from __future__ import annotations
 
-from kubernetes.client.exceptions import ApiException
-
 from kvrank_operator import manifests as m
-from kvrank_operator.reconcilers.base import Pass, Report
+from kvrank_operator.manifests.desired import Desired
+from kvrank_operator.reconcilers.base import Applied, Context, Pass, Report
+from kvrank_operator.reconcilers.observe import Observed
 from kvrank_operator.state import ConditionUpdate
 
 CONDITION = "Monitoring"
 
 
-def reconcile(p: Pass, settings: m.PodMonitoring | None) -> Report:
-    if settings is None:
+def desired(c: Context) -> list[Desired]:
+    if c.monitoring is None:
+        return []
+    obj = m.pod_monitor(c.instance.name, c.instance.namespace, c.monitoring)
+    return [Desired(obj, optional=True)]
+
+
+def report(p: Pass, c: Context, seen: Observed, applied: Applied) -> Report:
+    if c.monitoring is None:
         return Report(removed=(CONDITION,))
-    if not p.kube.serves(m.POD_MONITOR_API, "PodMonitor"):
+    if applied.unserved:
         why = (
             f"this cluster serves no {m.POD_MONITOR_API} PodMonitor: install the"
             " prometheus-operator CRDs (kube-prometheus-stack), or scrape the ranker pods by"
             " their prometheus.io/* annotations"
         )
         return _condition(False, "PodMonitorCRDMissing", why)
-    obj = m.pod_monitor(p.instance.name, p.instance.namespace, settings)
-    try:
-        p.kube.apply(obj, p.instance.owner)
-    except ApiException as exc:
-        why = f"PodMonitor {obj['metadata']['name']}: API {exc.status} {exc.reason}"
-        return _condition(False, "PodMonitorRefused", why)
-    why = f"PodMonitor {obj['metadata']['name']} selects every ranker pod of this instance"
+    if applied.refused:
+        return _condition(False, "PodMonitorRefused", applied.refused[0])
+    (monitor,) = desired(c)
+    why = f"PodMonitor {monitor.obj['metadata']['name']} selects every ranker pod of this instance"
     return _condition(True, "PodMonitorApplied", why)
 
 

@@ -1,7 +1,9 @@
 """One read of what the cluster reports about a RankerDeployment, shared by the reconcilers.
 
-Deployments and pods per model version, finished purge Jobs, the managed Redis's nodes. It
-reads; it never decides or writes.
+Deployments and pods per model version, finished purge Jobs, the managed Redis's nodes, the
+router's readiness. It reads; it never decides or writes. A pass reads at most twice: for
+the deciders when one needs it (the canary's readiness and metrics, the TTL's intervals
+from the pods), and after the apply for every concern's report.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import CA_FILE
 from kvrank_operator.kube import Kube
+from kvrank_operator.manifests.gateway import ROUTE_API
+from kvrank_operator.manifests.router import router_selector
 from kvrank_operator.spec import RankerSpec
 
 
@@ -42,6 +46,12 @@ class Observed:
     """Purge Jobs that succeeded."""
     redis: ObservedRedis | None
     """``None`` for an external Redis."""
+    pods: list[dict[str, Any]]
+    """The instance's ranker pods (every version, draining ones included)."""
+    router_ready: int = 0
+    """Ready router pods (``routing.mode: bundled``)."""
+    route: dict[str, Any] | None = None
+    """The HTTPRoute as the Gateway API reports it (``routing.mode: gateway``)."""
 
     def want(self, spec: RankerSpec, version: str, role: str) -> int:
         """Desired replicas: from the spec, or from the Deployment when an autoscaler owns
@@ -88,7 +98,14 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
         if (j.get("status") or {}).get("succeeded")
     }
     redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
-    return Observed(deployments, writing, failures, finished, redis)
+    router_ready, route = 0, None
+    if spec.routing.mode == "bundled":
+        # listed, not read by name: the operator may list Deployments, not get them
+        routers = kube.list("apps/v1", "Deployment", ns, router_selector(name))
+        router_ready = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in routers)
+    elif spec.routing.mode == "gateway" and kube.serves(ROUTE_API, "HTTPRoute"):
+        route = kube.get(ROUTE_API, "HTTPRoute", ns, name)
+    return Observed(deployments, writing, failures, finished, redis, pods, router_ready, route)
 
 
 def cache_namespace(pod: dict[str, Any]) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvrank_operator.clock import iso, parse_iso
 from kvrank_operator.reconcilers.base import Pass, Report
-from kvrank_operator.sources import Measured, measure
+from kvrank_operator.sources import Measured, Pods, measure
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, TTLStatus
 from kvrank_operator.ttl_policy import next_ttl
@@ -36,9 +36,12 @@ class Tuned:
     """This pass measured (not stored: the process remembers when, for the next pass)."""
 
 
-def reconcile(p: Pass, live: RankerSpec, measured_at: dt.datetime | None) -> tuple[Tuned, Report]:
+def reconcile(
+    p: Pass, live: RankerSpec, measured_at: dt.datetime | None, pods: Pods
+) -> tuple[Tuned, Report]:
     """``measured_at``: when this process last measured this instance (``None`` after a
-    start: the status tells when its values last changed)."""
+    start: the status tells when its values last changed); ``pods``: the ranker pods as the
+    pass observed them (read only when the source is the pods and a measurement is due)."""
     prior = p.prior
     kept = Tuned(prior.ttl, prior.hit_ratio, prior.observed_at)
     last = measured_at or _last_change(p)
@@ -47,7 +50,7 @@ def reconcile(p: Pass, live: RankerSpec, measured_at: dt.datetime | None) -> tup
     elapsed = (p.now - last).total_seconds() if last else None
     if not fixed_changed and elapsed is not None and elapsed < spec.interval_seconds:
         return kept, Report(due_in=spec.interval_seconds - elapsed)  # a new fixed TTL: at once
-    measured = measure(p.kube, live, p.instance.name, p.instance.namespace)
+    measured = measure(pods, live, p.instance.name, p.instance.namespace)
     tuned, report = _tune(p, live, measured, kept)
     return dataclasses.replace(tuned, measured=True), report + Report(due_in=spec.interval_seconds)
 

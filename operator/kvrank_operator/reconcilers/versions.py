@@ -1,43 +1,42 @@
 """The model versions' serving objects: ConfigMap, Deployments, Services, disruption budget.
 
-``apply`` sends the desired set for the spec as the rollout applies it (the TTL in force is
-one of its inputs: the ConfigMap has this one writer). ``reconcile`` removes a version that
-is no longer live — only once the stable version is Ready, so nothing is removed under
-traffic — and reports ``Ready``, ``Progressing``, ``CanaryReady`` and ``RankersStarted``
-with the counts ``kubectl get`` and the scale subresource read.
+``desired``: the set for the spec as the rollout applies it (the TTL in force is one of its
+inputs: the ConfigMap has this one writer). ``report`` removes a version that is no longer
+live — only once the stable version is Ready, so nothing is removed under traffic — and
+reports ``Progressing``, ``CanaryReady`` and ``RankersStarted`` with the counts ``kubectl
+get`` and the scale subresource read; while a version is not Ready, the instance is not.
 """
 
 from __future__ import annotations
 
-import secrets
-
 from kvrank_operator import manifests as m
-from kvrank_operator.reconcilers.base import Event, Pass, Report, send
+from kvrank_operator.manifests.desired import Desired
+from kvrank_operator.reconcilers.base import Applied, Context, Event, Pass, Report
 from kvrank_operator.reconcilers.observe import Observed
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import ConditionUpdate, Serving, VersionStatus
 
 
-def apply(p: Pass, live: RankerSpec, ttl_s: float | None) -> Report:
-    entry_key = secrets.token_urlsafe(32)  # used only if its Secret does not exist yet
-    desired = m.desired_rankers(live, p.instance.name, p.instance.namespace, ttl_s, entry_key)
+def desired(c: Context) -> list[Desired]:
+    i = c.instance
+    return m.desired_rankers(c.live, i.name, i.namespace, c.ttl_s, c.fresh.entry_key)
+
+
+def report(p: Pass, c: Context, seen: Observed, applied: Applied) -> Report:
+    live = c.live
     events: tuple[Event, ...] = tuple(
         (
             "Normal",
             "CacheKeyCreated",
             f"generated Secret {d.obj['metadata']['name']} (the cache-entry secret)",
         )
-        for d in send(p, desired)
+        for d in applied.created
     )
-    return Report(events=events)
-
-
-def reconcile(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Serving, Report]:
-    events: tuple[Event, ...] = ()
     if seen.ready(live, live.model.version, "stable"):
-        events = _remove_old_versions(p, live, seen)
+        events += _remove_old_versions(p, live, seen)
     serving = _serving(p, live, seen)
-    return serving, Report(_conditions(live, seen, serving), _removed(live), events)
+    conditions, unready = _conditions(live, seen, serving)
+    return Report(conditions, _removed(live), events, unready=unready, serving=serving)
 
 
 def _remove_old_versions(p: Pass, live: RankerSpec, seen: Observed) -> tuple[Event, ...]:
@@ -72,7 +71,9 @@ def _serving(p: Pass, live: RankerSpec, seen: Observed) -> Serving:
     )
 
 
-def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[ConditionUpdate, ...]:
+def _conditions(
+    live: RankerSpec, seen: Observed, serving: Serving
+) -> tuple[tuple[ConditionUpdate, ...], tuple[tuple[str, str], ...]]:
     live_versions = {version for version, _ in live.versions()}
     all_ready = all(seen.ready(live, v.version, v.role) for v in serving.versions)
     leftovers = [v for v in seen.deployments if v not in live_versions]
@@ -84,10 +85,8 @@ def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[Con
         msg = f"waiting for {', '.join(waiting) or 'rollout'}"
     else:
         msg = f"removing old versions {leftovers}"
-    out = [
-        ConditionUpdate("Ready", ready, "AllReady" if ready else "Waiting", msg),
-        ConditionUpdate("Progressing", not ready, "Rolling" if not ready else "Stable", msg),
-    ]
+    unready: tuple[tuple[str, str], ...] = () if ready else (("Waiting", msg),)
+    out = [ConditionUpdate("Progressing", not ready, "Rolling" if not ready else "Stable", msg)]
     if live.canary is not None:
         ok = any(v.role == "canary" and v.ready_replicas >= v.replicas for v in serving.versions)
         message = f"canary {live.canary.version} at weight {live.canary.weight}"
@@ -102,7 +101,7 @@ def _conditions(live: RankerSpec, seen: Observed, serving: Serving) -> tuple[Con
             message or "no ranker pod failed to start",
         )
     )
-    return tuple(out)
+    return tuple(out), unready
 
 
 def _removed(live: RankerSpec) -> tuple[str, ...]:
