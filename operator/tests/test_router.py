@@ -418,36 +418,6 @@ def test_envoy_loads_the_configuration_rendered_for_a_cluster(envoy: Envoy) -> N
     assert httpx.get(f"http://127.0.0.1:{envoy.stats_port}/routable", timeout=5).status_code == 503
 
 
-def test_ready_waits_for_the_router_requests_go_through() -> None:
-    """With no router pod ready the instance is not Ready, whatever the versions say; the
-    reason names the router and the message carries every concern's why."""
-    import datetime as dt
-
-    from kvrank_operator.reconcile import ready_condition
-    from kvrank_operator.reconcilers import routing
-    from kvrank_operator.reconcilers.base import Applied, Context, Fresh, Pass, Report
-    from kvrank_operator.reconcilers.observe import Observed
-    from kvrank_operator.spec import parse_spec
-    from kvrank_operator.state import Instance, Status
-
-    spec = parse_spec(bundled(weight=25))
-    instance = Instance("feed", "prod", "uid-1", 1)
-    c = Context(instance, spec, None, frozenset(), Fresh("", "", None))
-    p = Pass(None, instance, spec, Status(), dt.datetime(2026, 12, 6, tzinfo=dt.UTC))  # type: ignore[arg-type]
-
-    def router(ready: int) -> Report:
-        seen = Observed({}, set(), {}, set(), None, [], router_ready=ready)
-        return routing.report(p, c, seen, Applied())
-
-    waiting = ready_condition(Report() + router(0))
-    assert not waiting.ok and waiting.reason == "RouterNotReady"
-    assert "0/2 router pods ready" in waiting.message
-    assert ready_condition(Report() + router(1)).ok
-    versions_waiting = Report(unready=(("Waiting", "waiting for v2"),))
-    both = ready_condition(versions_waiting + router(0))
-    assert both.reason == "Waiting" and both.message.startswith("waiting for v2; router: 0/2")
-
-
 def test_the_routing_benchmark_shows_what_affinity_and_the_host_tier_save(tmp_path: Path) -> None:
     """The benchmark's smoke run, as a user runs it: the same requests routed by user keep
     more answers in L1 and read far less from Redis than spread over the pods; a host tier
