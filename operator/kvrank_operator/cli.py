@@ -175,11 +175,11 @@ def _serve(
 
     context = OperatorContext(Kube(load_client(kubeconfig)), options)
     if metrics_port:
-        start_http_server(metrics_port)
+        start_http_server(metrics_port, registry=context.metrics.registry)
     election = None
     if lease:
         settings = ElectionSettings(lease=lease, namespace=lease_namespace or _own_namespace())
-        election = Election(settings, context.kube.api).start()
+        election = Election(settings, context.kube.api, metrics=context.metrics).start()
         health = FollowerHealth(liveness_port, election) if liveness_port else None
         with health or contextlib.nullcontext():
             election.elected.wait()

@@ -3,8 +3,8 @@
 Each RankerDeployment has one reconciler (a kopf daemon) that runs
 :func:`reconcile.reconcile` (level-based), writes what changed of the status and posts the
 Events. Process state reaches handlers in kopf's ``memo``: the operator's
-(:class:`OperatorContext`, ``memo.operator``) and each RankerDeployment's own
-(``memo.reconcile``, what its passes remember).
+(:class:`OperatorContext`, ``memo.operator``: its client, options and metrics) and each
+RankerDeployment's own (``memo.reconcile``, what its passes remember).
 
 The reconciler runs when something it depends on changes — the spec, or an owned
 Deployment, StatefulSet, Job or Pod (watched with a server-side label selector, so the
@@ -27,31 +27,14 @@ from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import Counter, Gauge, Histogram
 
 from kvrank_operator import crd
 from kvrank_operator.kube import Kube, merge_patch_between
+from kvrank_operator.metrics import OperatorMetrics
 from kvrank_operator.reconcile import Memory, Options, reconcile
 from kvrank_operator.reconcilers.base import Event
 
 log = logging.getLogger("kvrank_operator")
-RECONCILES = Counter(
-    "kvrank_operator_reconciles", "Reconciles by trigger and result", ["trigger", "result"]
-)
-LATENCY = Histogram("kvrank_operator_reconcile_seconds", "Reconcile latency")
-# a RankerDeployment's labels: not "namespace", which Prometheus sets to the operator pod's
-RD_LABELS = ["rankerdeployment_namespace", "rankerdeployment"]
-EVENTS = Counter(
-    "kvrank_operator_events",
-    "Events posted, by RankerDeployment and reason",
-    [*RD_LABELS, "reason"],
-)
-TTL_SOURCE_OK = Gauge(
-    "kvrank_operator_ttl_source_ok",
-    "1 while the TTL tuner reads request intervals (TTLSource condition True), else 0;"
-    " absent without ttl.mode auto",
-    RD_LABELS,
-)
 RESYNC_S = 30.0
 """A RankerDeployment that nothing woke is reconciled this often: the managed Redis's health
 (asked of its nodes, not the API) and any watch event the operator missed."""
@@ -68,11 +51,11 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 @dataclass
 class OperatorContext:
     """The operator process's shared state, handed to every handler in kopf's ``memo``
-    (``memo.operator``): set up once by the command line. (The operator's metrics above are
-    module globals: prometheus_client's default registry is the process's own.)"""
+    (``memo.operator``): set up once by the command line."""
 
     kube: Kube
     options: Options = field(default_factory=Options)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics.create)
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     """(namespace, name) → the event that RankerDeployment's reconciler waits on."""
 
@@ -159,7 +142,8 @@ async def reconciler(
     loop = _Loop(context, memo.setdefault("reconcile", Memory()))
     trigger = "start"
     # at 0 from the start: an alert on increase() sees the first abort too
-    EVENTS.labels(*key, "CanaryAborted")
+    metrics = context.metrics
+    metrics.events.labels(*key, "CanaryAborted")
     try:
         while not stopped:
             waker.clear()
@@ -169,8 +153,9 @@ async def reconciler(
                 (kopf.warn if etype == "Warning" else kopf.info)(
                     body, reason=reason, message=message
                 )
-                EVENTS.labels(*key, reason).inc()
-            _publish_ttl_source(key, {**(snapshot.get("status") or {}), **loop.written})
+                metrics.events.labels(*key, reason).inc()
+            status = {**(snapshot.get("status") or {}), **loop.written}
+            _publish_ttl_source(metrics, key, status)
             woken = await _sleep(waker, stopped, delay)
             trigger = "event" if woken else "resync"
             if woken:
@@ -178,13 +163,15 @@ async def reconciler(
     finally:
         context.wakers.pop(key, None)
         with contextlib.suppress(KeyError):
-            TTL_SOURCE_OK.remove(*key)
+            metrics.ttl_source_ok.remove(*key)
 
 
-def _publish_ttl_source(key: tuple[str, str], status: dict[str, Any]) -> None:
+def _publish_ttl_source(
+    metrics: OperatorMetrics, key: tuple[str, str], status: dict[str, Any]
+) -> None:
     for c in status.get("conditions") or []:
         if c["type"] == "TTLSource":
-            TTL_SOURCE_OK.labels(*key).set(1.0 if c["status"] == "True" else 0.0)
+            metrics.ttl_source_ok.labels(*key).set(1.0 if c["status"] == "True" else 0.0)
 
 
 async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> bool:
@@ -216,7 +203,7 @@ class _Loop:
         started = time.monotonic()
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         current = {**(body.get("status") or {}), **self.written}
-        kube = self.context.kube
+        kube, metrics = self.context.kube, self.context.metrics
         try:
             outcome = reconcile(
                 kube,
@@ -233,7 +220,7 @@ class _Loop:
                 kube.patch_status(crd.API_VERSION, crd.KIND, ns, name, patch)
                 self.written.update({k: status.get(k) for k in patch})
         except ApiException as exc:
-            RECONCILES.labels(trigger, "error").inc()
+            metrics.reconciles.labels(trigger, "error").inc()
             log.warning(  # the API's own words say what it refused
                 "reconcile of %s/%s: Kubernetes API %s %s: %s",
                 ns,
@@ -244,10 +231,10 @@ class _Loop:
             )
             return RETRY_S, ()
         except Exception:  # a bug must not leave this RankerDeployment unmanaged until a restart
-            RECONCILES.labels(trigger, "error").inc()
+            metrics.reconciles.labels(trigger, "error").inc()
             log.exception("reconcile of %s/%s failed", ns, name)
             return RETRY_S, ()
         finally:
-            LATENCY.observe(time.monotonic() - started)
-        RECONCILES.labels(trigger, "ok").inc()
+            metrics.reconcile_seconds.observe(time.monotonic() - started)
+        metrics.reconciles.labels(trigger, "ok").inc()
         return max(0.0, min(RESYNC_S, outcome.due_in)), outcome.events

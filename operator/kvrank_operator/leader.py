@@ -31,12 +31,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
-from prometheus_client import Gauge
+
+from kvrank_operator.metrics import OperatorMetrics
 
 log = logging.getLogger("kvrank_operator.leader")
-LEADING = Gauge(
-    "kvrank_operator_leader", "1 while this replica holds the Lease and reconciles, else 0"
-)
 LEASE_LOST_EXIT_CODE = 3
 """Exit status of a leader that lost its Lease (the pod restarts and rejoins as a follower)."""
 
@@ -99,10 +97,12 @@ class Election:
         settings: ElectionSettings,
         api: client.ApiClient,
         on_lost: Callable[[str], None] | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         """``on_lost(why)`` runs when this replica led and can no longer be sure it does;
-        by default it ends the process."""
+        by default it ends the process. ``metrics.leader`` says whether it leads."""
         self.settings = settings
+        self._leading = (metrics or OperatorMetrics.create()).leader
         self._on_lost = on_lost or end_process
         self.elected = threading.Event()
         self._coordination = client.CoordinationV1Api(api)
@@ -119,7 +119,7 @@ class Election:
             )
         )
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
-        LEADING.set(0)
+        self._leading.set(0)
 
     def start(self) -> Election:
         log.info(
@@ -156,11 +156,11 @@ class Election:
         except ApiException as exc:
             log.warning("could not hand the Lease back (%s %s)", exc.status, exc.reason)
         finally:
-            LEADING.set(0)
+            self._leading.set(0)
 
     def _started_leading(self) -> None:
         log.info("leading as %s", self.settings.identity)
-        LEADING.set(1)
+        self._leading.set(1)
         self.elected.set()
 
     def _stopped_leading(self) -> None:

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from kvrank.tools.processes import free_port
 from kvrank_operator.kube import load_client
 from kvrank_operator.leader import Election, ElectionSettings, FollowerHealth
+from kvrank_operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.kube
 
@@ -114,9 +114,19 @@ def test_a_follower_answers_its_health_probe_while_its_election_runs(
         pass
 
 
-def test_leading_is_a_metric(replicas: list[Election], stops: dict[str, float]) -> None:
-    replicas[0].start()
-    assert replicas[0].elected.wait(15)
-    assert REGISTRY.get_sample_value("kvrank_operator_leader") == 1
-    replicas[0].release()
-    assert REGISTRY.get_sample_value("kvrank_operator_leader") == 0
+def test_leading_is_a_metric(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Each replica's own registry says whether it leads (the one its process serves)."""
+    metrics = OperatorMetrics.create()
+    lease = f"op-{uuid.uuid4().hex[:6]}"
+    settings = ElectionSettings(lease, "default", identity="replica-m", **FAST)
+    election = Election(settings, load_client(str(cluster.kubeconfig)), metrics=metrics)
+    try:
+        assert metrics.registry.get_sample_value("kvrank_operator_leader") == 0
+        election.start()
+        assert election.elected.wait(15)
+        assert metrics.registry.get_sample_value("kvrank_operator_leader") == 1
+        election.release()
+        assert metrics.registry.get_sample_value("kvrank_operator_leader") == 0
+    finally:
+        election._lock.closed = True  # the thread is a daemon; it must stop writing
+        cluster.kubectl("delete", "lease", lease, "-n", "default", check=False)
