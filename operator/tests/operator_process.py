@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from kvrank.tools.processes import free_port
+from kvrank.tools.processes import free_port, wait_for
 
 
 def tail_of(log: Path) -> Callable[[], str]:
@@ -49,16 +48,16 @@ def operator(cluster, ns: str, workdir: Path, *flags: str) -> Iterator[Operator]
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def healthy() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]  # it exited: say why at once
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        healthy = False
-        while time.monotonic() < deadline and not healthy:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                healthy = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        assert healthy, log.read_text()[-3000:]
+        wait_for(healthy, "the operator's /healthz", 60, tail_of(log))
         yield Operator(f"http://127.0.0.1:{metrics_port}", log)
     finally:
         proc.send_signal(signal.SIGTERM)

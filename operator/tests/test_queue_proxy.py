@@ -16,12 +16,10 @@ from pathlib import Path
 import aiohttp
 import httpx
 import pytest
-import torch
 from bench_overload_front import Front
+from queue_proxy_front import proxied_ranker
 
-from kvrank.model.artifact import save_model
 from kvrank.model.config import QUICK
-from kvrank.model.ranker import RankerModel
 from kvrank.tools.processes import RankerProcess, samples
 from kvrank.tools.workload import Workload, WorkloadSettings
 from kvrank_common import SHED_HEADER
@@ -33,16 +31,8 @@ RANKER = {"envoy_cluster_name": "ranker"}
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[RankerProcess, Front]]:
-    torch.manual_seed(0)
-    model = save_model(RankerModel(QUICK, "v1").eval(), tmp_path / "v1")
-    ranker = RankerProcess.start(model, tmp_path, env={"KVRANK_ADMISSION_MODE": "shed"})
-    front = Front(tmp_path, ranker, limit=1)
-    try:
-        front.start()
-        yield ranker, front
-    finally:
-        front.stop()
-        ranker.stop()
+    with proxied_ranker(tmp_path, QUICK, env={"KVRANK_ADMISSION_MODE": "shed"}) as both:
+        yield both
 
 
 def bodies(n: int) -> list[bytes]:

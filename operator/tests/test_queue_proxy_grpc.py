@@ -16,18 +16,16 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-import torch
 from bench_overload_front import Front
+from queue_proxy_front import proxied_ranker
 from tritonclient.grpc import service_pb2 as pb
 
 from kvrank.metrics import INFER_METHOD
-from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY
 from kvrank.model.onetrans import feature_spec
-from kvrank.model.ranker import RankerModel
 from kvrank.server.oip import tensors
 from kvrank.tools.callers import grpc_request
-from kvrank.tools.processes import RankerProcess, free_port, samples
+from kvrank.tools.processes import RankerProcess, samples
 from kvrank.tools.workload import Workload, WorkloadSettings
 from kvrank_common import SHED_HEADER
 
@@ -40,17 +38,8 @@ Answer = tuple[str, str, dict[str, str]]
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[RankerProcess, Front]]:
-    torch.manual_seed(0)
-    model = save_model(RankerModel(TINY, "v1").eval(), tmp_path / "v1")
-    grpc_port = free_port()
-    ranker = RankerProcess.start(model, tmp_path, "--grpc-port", str(grpc_port))
-    front = Front(tmp_path, ranker, limit=1, grpc_upstream=grpc_port)
-    try:
-        front.start()
-        yield ranker, front
-    finally:
-        front.stop()
-        ranker.stop()
+    with proxied_ranker(tmp_path, TINY, grpc=True) as both:
+        yield both
 
 
 def calls(n: int) -> list[bytes]:
