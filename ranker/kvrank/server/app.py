@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -25,9 +24,8 @@ from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
 from kvrank.server import errors, oip_grpc, probes, routes, v2
 from kvrank.server.config import ServerConfig
-from kvrank.server.edge import Edge
+from kvrank.server.edge import Edge, Screener
 from kvrank.server.openapi import openapi
-from kvrank.server.protocol import Screener
 from kvrank.server.reload import remember_mtime, watch_config
 from kvrank.server.schemas import prefetch_model, request_model, strict_body
 from kvrank.server.shadow import ShadowMirror
@@ -57,7 +55,7 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
         screen=lambda headers: routes.screen(state, headers),
     )
     app.state.screener = screener  # the HTTP protocol's too (kvrank.server.protocol)
-    app.add_middleware(Edge, **dataclasses.asdict(screener))
+    app.add_middleware(Edge, screener=screener)
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(v2.router)

@@ -126,6 +126,72 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, message)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An answer the edge gives without routing the request."""
+
+    code: int
+    message: str
+    field: str | None = None
+    headers: dict[str, str] | None = None
+    shed: Overloaded | None = None
+    """Why it was shed (a 503 by admission control)."""
+    screened: bool = False
+    """A scoring request refused on its headers (counted and logged on the scoring route)."""
+
+
+@dataclass(frozen=True)
+class Screener:
+    """The rules a request meets before it is routed, in one place: the edge middleware
+    applies them, and ``kvrank serve``'s HTTP protocol applies them to a plain scoring
+    request as its headers are parsed (:mod:`kvrank.server.protocol`), answering there only
+    what is shed."""
+
+    port: int
+    admin_port: int | None
+    max_body_bytes: int
+    observe: Callable[[str, int], None]
+    """``(route template, status code)`` of every answer (the responses counter)."""
+    screen: Screen
+
+    def check(
+        self,
+        path: str,
+        method: str,
+        headers: Headers,
+        state: dict[str, Any],
+        local_port: int | None,
+    ) -> Refusal | None:
+        """Why the request is answered here (the wrong port, a declared body over the
+        limit, a scoring request refused on its headers); ``None``: it goes on to its
+        route, a scoring request's deadline in ``state``. A scoring request screened once
+        (its deadline in ``state``) is not screened again."""
+        if not self.on_its_port(path, local_port):
+            return Refusal(404, "not found")
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return Refusal(413, self.too_large(f"request body of {int(length)} bytes"), "body")
+        if path != SCORE_ROUTE or method != "POST" or "deadline" in state:
+            return None
+        try:
+            state["deadline"] = self.screen(headers)
+        except Overloaded as exc:
+            return Refusal(503, str(exc), None, shed_headers(exc), shed=exc, screened=True)
+        except HeaderError as exc:
+            return Refusal(400, exc.problem, exc.field, screened=True)
+        return None
+
+    def too_large(self, what: str) -> str:
+        return f"{what} exceeds max_body_bytes={self.max_body_bytes}"
+
+    def on_its_port(self, path: str, local_port: int | None) -> bool:
+        """With an admin port, /admin/* answers there only and everything else only on the
+        main port: the scoring Service (main port) cannot reach admin actions."""
+        if self.admin_port is None:
+            return True
+        return local_port == (self.admin_port if path.startswith("/admin/") else self.port)
+
+
 class Edge:
     """The middleware. A scoring request not screened yet (``kvrank serve``'s HTTP protocol
     screens plain ones as their headers are parsed: :mod:`kvrank.server.protocol`) is
@@ -134,22 +200,9 @@ class Edge:
     about a quarter of what one costs the server otherwise, time its event loop would hold
     the interpreter lock that the model thread needs between torch calls."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        port: int,
-        admin_port: int | None,
-        max_body_bytes: int,
-        observe: Callable[[str, int], None],
-        screen: Screen,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, screener: Screener) -> None:
         self.app = app
-        self.port, self.admin_port = port, admin_port
-        self.max_body_bytes = max_body_bytes
-        self.observe = observe
-        """``(route template, status code)`` of every answer (the responses counter)."""
-        self.screen = screen
+        self.screener = screener
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -181,17 +234,13 @@ class Edge:
             response = JSONResponse(body, status_code=code, headers=extra)
             await response(scope, receive, send_with_id)
 
-        length = headers.get(b"content-length", b"")
-        scoring = scope["path"] == SCORE_ROUTE and scope["method"] == "POST"
         route = "unmatched"
-        if not self._on_its_port(scope):
-            await answer(404, "not found")
-        elif length.isdigit() and int(length) > self.max_body_bytes:
-            await answer(413, self._too_large(f"request body of {int(length)} bytes"), "body")
-        elif scoring and "deadline" not in state and (refusal := self._screened(headers, state)):
-            # (a deadline in the state: the protocol screened it already, see server.protocol)
-            route, shed = SCORE_ROUTE, refusal[0] == 503
-            await answer(*refusal)
+        local_port = (scope.get("server") or (None, None))[1]
+        refusal = self.screener.check(scope["path"], scope["method"], headers, state, local_port)
+        if refusal is not None:
+            if refusal.screened:
+                route, shed = SCORE_ROUTE, refusal.shed is not None
+            await answer(refusal.code, refusal.message, refusal.field, refusal.headers)
         else:
             try:
                 await self.app(scope, self._bounded(receive), send_with_id)
@@ -201,7 +250,7 @@ class Edge:
                     await answer(500, "internal error")
         # the matched template, not the path: bounded cardinality
         route = getattr(scope.get("route"), "path", route)
-        self.observe(route, status)
+        self.screener.observe(route, status)
         if route == SCORE_ROUTE or route in INFER_ROUTES:
             access_line(request_id, status, started, state.get("access"), shed, route)
 
@@ -214,33 +263,8 @@ class Edge:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLarge(self._too_large("streamed request body"))
+                if received > self.screener.max_body_bytes:
+                    raise BodyTooLarge(self.screener.too_large("streamed request body"))
             return message
 
         return receive_bounded
-
-    def _screened(
-        self, headers: Headers, state: dict[str, Any]
-    ) -> tuple[int, str, str | None, dict[str, str] | None] | None:
-        """The answer to a scoring request refused on its headers alone (``None``: it goes
-        on to its route, its deadline in ``state``)."""
-        try:
-            state["deadline"] = self.screen(headers)
-        except Overloaded as exc:
-            return 503, str(exc), None, shed_headers(exc)
-        except HeaderError as exc:
-            return 400, exc.problem, exc.field, None
-        return None
-
-    def _too_large(self, what: str) -> str:
-        return f"{what} exceeds max_body_bytes={self.max_body_bytes}"
-
-    def _on_its_port(self, scope: Scope) -> bool:
-        """With an admin port, /admin/* answers there only and everything else only on the
-        main port: the scoring Service (main port) cannot reach admin actions."""
-        if self.admin_port is None:
-            return True
-        server = scope.get("server") or (None, None)
-        admin = scope["path"].startswith("/admin/")
-        return server[1] == (self.admin_port if admin else self.port)

@@ -26,18 +26,15 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from kvrank.errors import HeaderError, Overloaded
+from kvrank.errors import Overloaded
 from kvrank.metrics import SCORE_ROUTE
 from kvrank.server.edge import (
     POD_HEADER,
     Headers,
-    Screen,
+    Screener,
     access_line,
     caller_id,
     error_body,
@@ -48,58 +45,29 @@ _SCORE_URL = SCORE_ROUTE.encode()
 _STATUS_LINE = b"HTTP/1.1 503 Service Unavailable\r\n"
 
 
-@dataclass(frozen=True)
-class Screener:
-    """What the protocol needs of the app: the edge's own settings and hooks."""
-
-    port: int
-    admin_port: int | None
-    max_body_bytes: int
-    observe: Callable[[str, int], None]
-    screen: Screen
-
-    def refusal(
-        self, headers: Headers, state: dict[str, Any], local_port: int | None
-    ) -> Overloaded | None:
-        """Why a ``POST /v1/score`` with these headers is shed; ``None``: it goes on through
-        the app (admitted, its deadline put in ``state``; or the app answers it: a bad
-        header, a body over the limit, the admin port)."""
-        if self.admin_port is not None and local_port != self.port:
-            return None
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return None
-        try:
-            state["deadline"] = self.screen(headers)
-        except Overloaded as exc:
-            return exc
-        except HeaderError:
-            return None
-        return None
-
-    def answer(
-        self,
-        exc: Overloaded,
-        headers: Headers,
-        default_headers: list[tuple[bytes, bytes]],
-        started: float,
-    ) -> bytes:
-        """The whole shed answer, status line to body, counted and logged as the edge does
-        (``started``: when the headers were in, on :func:`time.perf_counter`)."""
-        request_id = caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
-        body = json.dumps(error_body(str(exc), request_id), separators=(",", ":")).encode()
-        fields = [
-            *default_headers,
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *((k.lower().encode(), v.encode()) for k, v in shed_headers(exc).items()),
-            (b"x-request-id", request_id.encode()),
-            POD_HEADER,
-        ]
-        self.observe(SCORE_ROUTE, 503)
-        access_line(request_id, 503, started, None, shed=True)
-        lines = (k + b": " + v + b"\r\n" for k, v in fields)
-        return b"".join([_STATUS_LINE, *lines, b"\r\n", body])
+def shed_answer(
+    screener: Screener,
+    exc: Overloaded,
+    headers: Headers,
+    default_headers: list[tuple[bytes, bytes]],
+    started: float,
+) -> bytes:
+    """The whole shed answer, status line to body, counted and logged as the edge does
+    (``started``: when the headers were in, on :func:`time.perf_counter`)."""
+    request_id = caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
+    body = json.dumps(error_body(str(exc), request_id), separators=(",", ":")).encode()
+    fields = [
+        *default_headers,
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in shed_headers(exc).items()),
+        (b"x-request-id", request_id.encode()),
+        POD_HEADER,
+    ]
+    screener.observe(SCORE_ROUTE, 503)
+    access_line(request_id, 503, started, None, shed=True)
+    lines = (k + b": " + v + b"\r\n" for k, v in fields)
+    return b"".join([_STATUS_LINE, *lines, b"\r\n", body])
 
 
 def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
@@ -114,7 +82,8 @@ def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
                 return
             exc, headers = refused
             default_headers = self.server_state.default_headers
-            self.transport.write(screener.answer(exc, headers, default_headers, started))
+            answer = shed_answer(screener, exc, headers, default_headers, started)
+            self.transport.write(answer)
             # an answered cycle: the body that follows is discarded as it arrives
             self.cycle = RequestResponseCycle(
                 scope=self.scope,
@@ -145,7 +114,8 @@ def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
                 return None
             headers = dict(self.headers)
             local_port = self.server[1] if self.server else None
-            exc = screener.refusal(headers, self.scope["state"], local_port)
-            return None if exc is None else (exc, headers)
+            refusal = screener.check(SCORE_ROUTE, "POST", headers, self.scope["state"], local_port)
+            # only a shed one is answered here: the app answers the others as the edge does
+            return None if refusal is None or refusal.shed is None else (refusal.shed, headers)
 
     return ScreeningProtocol

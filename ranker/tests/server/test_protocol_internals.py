@@ -23,8 +23,8 @@ from uvicorn.server import ServerState
 
 from kvrank.errors import Overloaded
 from kvrank.server import protocol
-from kvrank.server.edge import Headers
-from kvrank.server.protocol import Screener, screening_protocol
+from kvrank.server.edge import Headers, Screener
+from kvrank.server.protocol import screening_protocol
 
 
 def test_the_cycle_takes_exactly_the_arguments_the_screening_protocol_passes() -> None:
