@@ -33,6 +33,7 @@ from kvrank_operator.kube import Kube, merge_patch_between
 from kvrank_operator.metrics import OperatorMetrics
 from kvrank_operator.reconcile import Memory, Options, reconcile
 from kvrank_operator.reconcilers.base import Event
+from kvrank_operator.reconcilers.observe import Owned
 
 log = logging.getLogger("kvrank_operator")
 RESYNC_S = 30.0
@@ -127,15 +128,49 @@ for _group, _version, _plural in OWNED:
 kopf.on.event("", "v1", "pods", labels={INSTANCE_LABEL: kopf.PRESENT})(_owned_changed)
 
 
+# ------------------------------------------------------------------------- indexes
+
+OwnedIndex = kopf.Index[tuple[str, str], dict[str, Any]]
+"""A RankerDeployment's (namespace, name) → its owned objects of one kind, as watched."""
+
+
+def _by_instance(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace or "", labels.get(INSTANCE_LABEL, "")): copy.deepcopy(dict(body))}
+
+
+OWNED_INDEXES = {
+    "owned_deployments": ("apps", "v1", "deployments"),
+    "owned_pods": ("", "v1", "pods"),
+    "owned_jobs": ("batch", "v1", "jobs"),
+}
+"""What a pass observes, kept as the watches report it (a steady pass lists nothing)."""
+for _id, (_group, _version, _plural) in OWNED_INDEXES.items():
+    kopf.index(_group, _version, _plural, id=_id, labels={INSTANCE_LABEL: kopf.PRESENT})(
+        _by_instance
+    )
+
+
+def _owned(key: tuple[str, str], *indexes: OwnedIndex) -> Owned:
+    """The instance's objects the watches hold now, copied in the event loop (which alone
+    updates the indexes) for a pass that runs in a thread."""
+    return Owned(tuple(obj for index in indexes for obj in (index.get(key) or ())))
+
+
 # ---------------------------------------------------------------------- reconciler
 
 
 @kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_timeout=30.0)
 async def reconciler(
-    body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
     """One RankerDeployment's reconcile loop, from its creation (or the operator's start)
-    until its deletion."""
+    until its deletion. kopf hands the indexes over by their ids, among ``kwargs``."""
+    indexes: list[OwnedIndex] = [kwargs[i] for i in OWNED_INDEXES]
     context = _context(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
     waker = context.wakers[key] = asyncio.Event()
@@ -148,7 +183,8 @@ async def reconciler(
         while not stopped:
             waker.clear()
             snapshot = copy.deepcopy(dict(body))  # kopf updates the body as events arrive
-            delay, events = await asyncio.to_thread(loop.once, snapshot, trigger)
+            owned = _owned(key, *indexes)
+            delay, events = await asyncio.to_thread(loop.once, snapshot, trigger, owned)
             for etype, reason, message in events:
                 (kopf.warn if etype == "Warning" else kopf.info)(
                     body, reason=reason, message=message
@@ -197,7 +233,9 @@ class _Loop:
     written: dict[str, Any] = field(default_factory=dict)
     """Status fields this loop wrote (the body kopf hands over may lag behind)."""
 
-    def once(self, body: dict[str, Any], trigger: str) -> tuple[float, tuple[Event, ...]]:
+    def once(
+        self, body: dict[str, Any], trigger: str, owned: Owned | None = None
+    ) -> tuple[float, tuple[Event, ...]]:
         """Reconcile and send what changed of the status; returns the seconds until the
         next deadline and the Events to post."""
         started = time.monotonic()
@@ -211,6 +249,7 @@ class _Loop:
                 dt.datetime.now(dt.UTC),
                 self.memory,
                 self.context.options,
+                owned,
             )
             status = outcome.status.for_storage()
             # kopf keeps its own field in the status: never the reconciler's to remove

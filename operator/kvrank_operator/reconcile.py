@@ -41,7 +41,7 @@ from kvrank_operator.reconcilers.base import (
     apply,
 )
 from kvrank_operator.reconcilers.concerns import CONCERNS
-from kvrank_operator.reconcilers.observe import Observed, observe
+from kvrank_operator.reconcilers.observe import Observed, Owned, observe
 from kvrank_operator.spec import Defaults, RankerSpec, parse_spec
 from kvrank_operator.state import (
     Condition,
@@ -92,26 +92,29 @@ def reconcile(
     now: dt.datetime,
     memory: Memory | None = None,
     options: Options = Options(),
+    owned: Owned | None = None,
 ) -> Outcome:
+    """One pass. ``owned``: the instance's Deployments, pods and Jobs as the operator's
+    watches hold them (read instead of listing them, except right after a write)."""
     instance = Instance.from_body(body)
     prior = Status.from_storage(body.get("status"))
     try:
         spec = parse_spec(body.get("spec") or {}, options.defaults)
     except SpecError as exc:
         return _invalid(instance, prior, exc, now)
-    return _pass(Pass(kube, instance, spec, prior, now), memory or Memory(), options)
+    return _pass(Pass(kube, instance, spec, prior, now), memory or Memory(), options, owned)
 
 
-def _pass(p: Pass, memory: Memory, options: Options) -> Outcome:
+def _pass(p: Pass, memory: Memory, options: Options, owned: Owned | None) -> Outcome:
     before = rollout.effective(p.spec, p.prior.rollout)
-    first = _Once(lambda: observe_as(p, before))
+    first = _Once(lambda: observe_as(p, before, owned))
     tuned, report = ttl.reconcile(p, before, memory.measured_at, lambda: first().pods)
     if tuned.measured:
         memory.measured_at = p.now
     record, live, rolled = canary.reconcile(p, before, first, memory.windows)
     c = _context(p, live, tuned.ttl.seconds if tuned.ttl is not None else None, first, options)
     applied = [apply(p, concern.desired(c)) for concern in CONCERNS]
-    seen = _after_apply(p, before, live, first, sum(a.writes for a in applied))
+    seen = _after_apply(p, (before, live), first, sum(a.writes for a in applied), owned)
     if any(version not in seen.deployments for version, _ in live.versions()):
         p.kube.forget_applied()  # deleted by someone: apply everything again next time
     report += rolled
@@ -132,8 +135,8 @@ def _pass(p: Pass, memory: Memory, options: Options) -> Outcome:
     return Outcome(status, report.events, report.due_in)
 
 
-def observe_as(p: Pass, live: RankerSpec) -> Observed:
-    return observe(p.kube, live, p.instance.name, p.instance.namespace)
+def observe_as(p: Pass, live: RankerSpec, owned: Owned | None = None) -> Observed:
+    return observe(p.kube, live, p.instance.name, p.instance.namespace, owned)
 
 
 class _Once:
@@ -150,13 +153,17 @@ class _Once:
 
 
 def _after_apply(
-    p: Pass, before: RankerSpec, live: RankerSpec, first: _Once, writes: int
+    p: Pass, specs: tuple[RankerSpec, RankerSpec], first: _Once, writes: int, owned: Owned | None
 ) -> Observed:
-    """What the concerns report from: the deciders' read when nothing was written since
-    (a steady canary reads the cluster once per pass), else a new read."""
-    if first.value is not None and live == before and writes == 0:
+    """What the concerns report from. After a write, the API server read again: what was
+    just applied must show (a Deployment's new generation not rolled out yet is not Ready).
+    Else the deciders' read when the spec they read for still applies, or the watches'."""
+    before, live = specs
+    if writes:
+        return observe_as(p, live)
+    if first.value is not None and live == before:
         return first.value
-    return observe_as(p, live)
+    return observe_as(p, live, owned)
 
 
 def _context(

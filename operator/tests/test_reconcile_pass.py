@@ -1,7 +1,8 @@
 """One reconcile pass of a RankerDeployment against the session's real API server: it applies
 exactly what ``kvrank-operator render`` prints, for every example (the objects are built
 once, by the concerns both loop over), and it reads the cluster once per phase — ranker
-pods listed once to decide and once to report, and once in all when nothing changed."""
+pods listed once to decide and once to report, once in all when nothing changed, and not at
+all when the operator's watches hold them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from spec_fragments import EXAMPLE_DIR
 
 from kvrank_operator.kube import Kube, Owner, load_client
 from kvrank_operator.reconcile import Memory, reconcile
+from kvrank_operator.reconcilers.observe import Owned
 from kvrank_operator.render import redacted, render
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
@@ -96,3 +98,30 @@ def test_a_pass_lists_the_ranker_pods_once_per_phase(cluster, namespace) -> None
     assert kube.lists["Pod", "ranker"] == 1, kube.lists
     assert kube.lists["Deployment", "ranker"] == 1, kube.lists
     assert sum(kube.lists.values()) == 3, kube.lists  # and the purge Jobs
+
+
+def _as_watched(kube: Kube, ns: str) -> Owned:
+    """The namespace's Deployments, pods and Jobs as the operator's watches report them (a
+    watch event's object carries its apiVersion and kind; a list's items do not)."""
+    objects = [
+        {**obj, "apiVersion": api, "kind": kind}
+        for api, kind in sorted(Owned.KINDS)
+        for obj in kube.list(api, kind, ns, {})
+    ]
+    return Owned(tuple(objects))
+
+
+def test_a_steady_pass_reads_what_the_watches_hold_and_lists_nothing(cluster, namespace) -> None:  # type: ignore[no-untyped-def]
+    (canary,) = (e for e in EXAMPLES if e.name == "canary.yaml")
+    _, body = _created(cluster, namespace, canary)
+    memory, now = Memory(), dt.datetime.now(dt.UTC)
+    kube = CountingKube(cluster.kubeconfig)
+    first = reconcile(kube, body, now, memory)
+    body["status"] = first.status.for_storage()
+    owned = _as_watched(kube, namespace)
+    kube.lists.clear()
+    again = reconcile(kube, body, now + dt.timedelta(seconds=5), memory, owned=owned)
+    assert not kube.lists, kube.lists
+    assert again.status.serving is not None and first.status.serving is not None
+    seen = [(v.version, v.role) for v in again.status.serving.versions]
+    assert seen == [(v.version, v.role) for v in first.status.serving.versions]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvrank_operator import manifests as m
 from kvrank_operator.certs import CA_FILE
@@ -19,6 +19,37 @@ from kvrank_operator.kube import Kube
 from kvrank_operator.manifests.gateway import ROUTE_API
 from kvrank_operator.manifests.router import router_selector
 from kvrank_operator.spec import RankerSpec
+
+
+class Lister(Protocol):
+    """Where the instance's Deployments, pods and Jobs are listed from: the API server
+    (:class:`~kvrank_operator.kube.Kube`) or what the operator's watches hold (:class:`Owned`)."""
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]
+    ) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Owned:
+    """An instance's Deployments, pods and Jobs as the operator's watches last reported them
+    (kopf's indexes, copied between two passes): listed without an API request."""
+
+    objects: tuple[dict[str, Any], ...]
+    KINDS = frozenset({("apps/v1", "Deployment"), ("v1", "Pod"), ("batch/v1", "Job")})
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        if (api_version, kind) not in self.KINDS:
+            raise ValueError(f"{kind} ({api_version}) is not watched")
+        return [
+            o
+            for o in self.objects
+            if (o.get("apiVersion"), o.get("kind")) == (api_version, kind)
+            and (namespace is None or o["metadata"].get("namespace") == namespace)
+            and selector.items() <= (o["metadata"].get("labels") or {}).items()
+        ]
 
 
 @dataclass(frozen=True)
@@ -79,13 +110,17 @@ class Observed:
         return int(status.get("readyReplicas") or 0)
 
 
-def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
-    """Everything the reconcilers decide on, read once."""
+def observe(
+    kube: Kube, spec: RankerSpec, name: str, ns: str, owned: Owned | None = None
+) -> Observed:
+    """Everything the reconcilers decide on, read once: Deployments, pods and Jobs from
+    ``owned`` when given, else listed from the API server."""
+    lists: Lister = owned if owned is not None else kube
     deployments = {
         str(d["metadata"]["labels"].get("kvrank.io/version")): d
-        for d in kube.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
+        for d in lists.list("apps/v1", "Deployment", ns, m.ranker_selector(name))
     }
-    pods = kube.list("v1", "Pod", ns, m.selector(name))
+    pods = lists.list("v1", "Pod", ns, m.selector(name))
     writing = {cache_ns for p in pods if (cache_ns := cache_namespace(p)) is not None}
     failures = {
         str(p["metadata"]["labels"].get("kvrank.io/version")): why
@@ -94,14 +129,15 @@ def observe(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed:
     }
     finished = {
         j["metadata"]["name"]
-        for j in kube.list("batch/v1", "Job", ns, m.selector(name, "purge"))
+        for j in lists.list("batch/v1", "Job", ns, m.selector(name, "purge"))
         if (j.get("status") or {}).get("succeeded")
     }
-    redis = _observe_redis(kube, spec, name, ns) if spec.cache.redis.mode == "managed" else None
+    managed = spec.cache.redis.mode == "managed"
+    redis = _observe_redis(kube, lists, spec, name, ns) if managed else None
     router_ready, route = 0, None
     if spec.routing.mode == "bundled":
         # listed, not read by name: the operator may list Deployments, not get them
-        routers = kube.list("apps/v1", "Deployment", ns, router_selector(name))
+        routers = lists.list("apps/v1", "Deployment", ns, router_selector(name))
         router_ready = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in routers)
     elif spec.routing.mode == "gateway" and kube.serves(ROUTE_API, "HTTPRoute"):
         route = kube.get(ROUTE_API, "HTTPRoute", ns, name)
@@ -142,7 +178,9 @@ def _log_message(line: str) -> str:
     return str(doc.get("message", line)) if isinstance(doc, dict) else line
 
 
-def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> ObservedRedis:
+def _observe_redis(
+    kube: Kube, lists: Lister, spec: RankerSpec, name: str, ns: str
+) -> ObservedRedis:
     sts = kube.get("apps/v1", "StatefulSet", ns, m.redis_name(name)) or {}
     job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
     formed = bool((job.get("status") or {}).get("succeeded"))
@@ -150,7 +188,7 @@ def _observe_redis(kube: Kube, spec: RankerSpec, name: str, ns: str) -> Observed
     password = None
     tls_ca = None
     if formed:
-        pods = kube.list("v1", "Pod", ns, m.selector(name, "redis"))
+        pods = lists.list("v1", "Pod", ns, m.selector(name, "redis"))
         addresses = sorted(
             f"{p['status']['podIP']}:{m.REDIS_PORT}"
             for p in pods
