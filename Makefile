@@ -23,7 +23,7 @@ DOCKER_BUILD_FLAGS ?=
 HELM = $$(bash e2e/localkube/build.sh)/helm
 
 .PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-cuda bench-production train train-movielens \
-        cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind
+        cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind release
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -195,6 +195,9 @@ images: ## Build the ranker, operator, redis and router images, the example plug
 	  -t ghcr.io/kvrank/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
 	  -t ghcr.io/kvrank/ranker-quickstart:$(IMAGE_TAG) images/quickstart
+
+release: venv kube-bins ## dist/: the wheels (kvrank, the example plugin), the chart package and SHA256SUMS of the checked-out commit, byte-identical each time it is built
+	@PY=$(PY) HELM="$(HELM)" bash scripts/release.sh dist
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \
