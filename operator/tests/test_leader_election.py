@@ -119,7 +119,10 @@ def test_leading_is_a_metric(cluster) -> None:  # type: ignore[no-untyped-def]
     metrics = OperatorMetrics.create()
     lease = f"op-{uuid.uuid4().hex[:6]}"
     settings = ElectionSettings(lease, "default", identity="replica-m", **FAST)
-    election = Election(settings, load_client(str(cluster.kubeconfig)), metrics=metrics)
+    lost: list[str] = []  # by default a replica that loses its Lease ends the process
+    election = Election(
+        settings, load_client(str(cluster.kubeconfig)), on_lost=lost.append, metrics=metrics
+    )
     try:
         assert metrics.registry.get_sample_value("kvrank_operator_leader") == 0
         election.start()
