@@ -107,7 +107,7 @@ def reconcile(
 
 def _pass(p: Pass, memory: Memory, options: Options, owned: Owned | None) -> Outcome:
     before = rollout.effective(p.spec, p.prior.rollout)
-    first = _Once(lambda: observe_as(p, before, owned))
+    first = _Once(lambda: _observe_as(p, before, owned))
     tuned, report = ttl.reconcile(p, before, memory.measured_at, lambda: first().pods)
     if tuned.measured:
         memory.measured_at = p.now
@@ -135,7 +135,7 @@ def _pass(p: Pass, memory: Memory, options: Options, owned: Owned | None) -> Out
     return Outcome(status, report.events, report.due_in)
 
 
-def observe_as(p: Pass, live: RankerSpec, owned: Owned | None = None) -> Observed:
+def _observe_as(p: Pass, live: RankerSpec, owned: Owned | None = None) -> Observed:
     return observe(p.kube, live, p.instance.name, p.instance.namespace, owned)
 
 
@@ -160,10 +160,10 @@ def _after_apply(
     Else the deciders' read when the spec they read for still applies, or the watches'."""
     before, live = specs
     if writes:
-        return observe_as(p, live)
+        return _observe_as(p, live)
     if first.value is not None and live == before:
         return first.value
-    return observe_as(p, live, owned)
+    return _observe_as(p, live, owned)
 
 
 def _context(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -352,12 +352,17 @@ class RankingService:
                 if exc.ticket is ticket:
                     raise
 
-    async def prefetch(self, user_id: str, user: UserInput) -> Outcome:
-        """Make the user's entry ahead of its ranking request (the retrieval stage knows the
-        user first): the same lookup, lock and write-through as :meth:`score`, no scoring.
+    def prefetch(self, user_id: str, user: UserInput) -> Coroutine[None, None, Outcome]:
+        """The work that makes the user's entry ahead of its ranking request (the retrieval
+        stage knows the user first): the same lookup, lock and write-through as
+        :meth:`score`, no scoring. ``user`` is checked now, before the work is handed out:
+        ``InputError`` is the caller's to hear even when the work runs behind an answer.
         Not a request of the user's: it counts in neither the hit ratio nor the request
         intervals the TTL is tuned from."""
         check_user(self.features, user)
+        return self._prefetch(user_id, user)
+
+    async def _prefetch(self, user_id: str, user: UserInput) -> Outcome:
         if self.settings.cache_mode == "full":
             outcome = Outcome.NONE
         else:

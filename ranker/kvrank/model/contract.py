@@ -158,6 +158,10 @@ class CacheableRanker(Protocol):
     attend to candidates; a candidate attends to the user side and to itself, never to other
     candidates; nothing in the state depends on anything but the spec's user-side columns;
     ``score`` equals ``forward_full``.
+
+    Every input reaches the model checked against :attr:`features` (kvrank checks each
+    request once, with :mod:`kvrank.model.features`, and answers bad input with a 422 naming
+    the field): a model need not check it again.
     """
 
     version: str

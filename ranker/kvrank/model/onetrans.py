@@ -57,7 +57,9 @@ def feature_spec(cfg: ModelConfig) -> FeatureSpec:
 
 
 class OneTransRanker:
-    """:class:`RankerModel` behind the contract (every optional capability included)."""
+    """:class:`RankerModel` behind the contract (every optional capability included). Inputs
+    come checked against :attr:`features` (the contract's promise), so the network does not
+    check them a second time."""
 
     kv_dtypes: Mapping[KVDType, float] = KV_TOLERANCES
 
@@ -89,19 +91,19 @@ class OneTransRanker:
         return self.net.cfg.fingerprint()
 
     def encode_user(self, user: UserInput, kv_dtype: KVDType | None = None) -> UserKV:
-        return self.net.encode_user(to_features(user), kv_dtype)
+        return self.net.encode_user(to_features(user), kv_dtype, checked=True)
 
     def score(self, user_kv: UserKV, candidates: CandidateInput) -> Tensor:
-        return self.net.score(user_kv, to_candidates(candidates))
+        return self.net.score(user_kv, to_candidates(candidates), checked=True)
 
     def score_many(self, requests: list[tuple[UserKV, CandidateInput]]) -> list[Tensor]:
-        return self.net.score_many([(kv, to_candidates(c)) for kv, c in requests])
+        return self.net.score_many([(kv, to_candidates(c)) for kv, c in requests], checked=True)
 
     def forward_full(self, user: UserInput, candidates: CandidateInput) -> Tensor:
-        return self.net.forward_full(to_features(user), to_candidates(candidates))
+        return self.net.forward_full(to_features(user), to_candidates(candidates), checked=True)
 
     def extend_user(self, user_kv: UserKV, new_events: UserInput) -> UserKV:
-        return self.net.extend_user(user_kv, to_features(new_events).events)
+        return self.net.extend_user(user_kv, to_features(new_events).events, checked=True)
 
     def extend_is_exact(self, user_kv: UserKV, n_new: int) -> bool:
         return self.net.extend_is_exact(user_kv, n_new)

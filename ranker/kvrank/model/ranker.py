@@ -95,17 +95,22 @@ class RankerModel(nn.Module):
         user: UserFeatures,
         kv_dtype: KVDType | None = None,
         layers: Literal["all", "scoring"] = "all",
+        *,
+        checked: bool = False,
     ) -> UserKV:
         """Compute the user's K/V. ``layers="scoring"`` keeps only the layers candidates
-        attend to (smallest entry; such a ``UserKV`` cannot be extended)."""
-        user.validate(self.cfg)
+        attend to (smallest entry; such a ``UserKV`` cannot be extended). ``checked``: the
+        input was checked already (the serving path checks each request once, against the
+        feature spec), so it is not checked again here; every public method takes it."""
+        if not checked:
+            user.validate(self.cfg)
         x_seq, valid, x_ns = self._user_tokens(user)
         keep = range(self.cfg.n_layers) if layers == "all" else self._candidate_layer_ids()
         kv = self._encode(x_seq, valid, x_ns, set(keep))
         return self._pack(kv, kv_dtype, min(len(user.events), self.cfg.max_events), 0, x_ns[0])
 
     @torch.no_grad()
-    def extend_user(self, user_kv: UserKV, new_events: Events) -> UserKV:
+    def extend_user(self, user_kv: UserKV, new_events: Events, *, checked: bool = False) -> UserKV:
         """Append ``new_events`` to a cached user, computing only the new tokens.
 
         Exact when :meth:`extend_is_exact` says so; otherwise earlier tokens keep K/V that
@@ -117,7 +122,8 @@ class RankerModel(nn.Module):
             raise IncompatibleKVError(
                 "this UserKV holds only the scoring layers; extend_user needs all layers"
             )
-        new_events.validate(self.cfg, "new_events")
+        if not checked:
+            new_events.validate(self.cfg, "new_events")
         cfg = self.cfg
         x_new = self.embed.events(*self._event_tensors(new_events))[None, -cfg.max_events :]
         x_ns = user_kv.extras[NS_INPUT].to(self.device, self.dtype)[None]
@@ -144,10 +150,11 @@ class RankerModel(nn.Module):
         return self._pack(out, user_kv.kv_dtype, length, user_kv.increments + 1, ns_input)
 
     @torch.no_grad()
-    def score(self, user_kv: UserKV, candidates: Candidates) -> Tensor:
+    def score(self, user_kv: UserKV, candidates: Candidates, *, checked: bool = False) -> Tensor:
         """CTR logits ``[C]`` for all candidates in one batched pass over the cached K/V."""
         self.check_kv(user_kv)
-        candidates.validate(self.cfg)
+        if not checked:
+            candidates.validate(self.cfg)
         layers = self._scoring_layers([user_kv])
         x_c = self.embed.candidates(*self._cand_tensors(candidates))[None]
         # chunks keep the [chunk, H, T, R] attention scores cache-sized: same numbers, faster
@@ -161,7 +168,9 @@ class RankerModel(nn.Module):
         return torch.cat(parts).float()
 
     @torch.no_grad()
-    def score_many(self, requests: list[tuple[UserKV, Candidates]]) -> list[Tensor]:
+    def score_many(
+        self, requests: list[tuple[UserKV, Candidates]], *, checked: bool = False
+    ) -> list[Tensor]:
         """Score several users' requests in one batched pass (micro-batching on GPUs).
 
         User K/V have one shape per model, so they stack; candidate lists are padded to the
@@ -171,7 +180,8 @@ class RankerModel(nn.Module):
         """
         for kv, cands in requests:
             self.check_kv(kv)
-            cands.validate(self.cfg)
+            if not checked:
+                cands.validate(self.cfg)
         layers = self._scoring_layers([kv for kv, _ in requests])
         c_max = max(len(c) for _, c in requests)
         x_c = torch.stack([self._padded_candidates(c, c_max) for _, c in requests])
@@ -203,14 +213,20 @@ class RankerModel(nn.Module):
 
     @torch.no_grad()
     def forward_full(
-        self, user: UserFeatures, candidates: Candidates, batched: bool = True
+        self,
+        user: UserFeatures,
+        candidates: Candidates,
+        batched: bool = True,
+        *,
+        checked: bool = False,
     ) -> Tensor:
         """No-cache reference logits ``[C]``: each candidate's full sequence
         ``[user | candidate]`` through the whole model, batched (what serving without a
         cache does: the strongest no-cache baseline). ``batched=False`` runs the C sequences
         one after another (a benchmark mode only)."""
-        user.validate(self.cfg)
-        candidates.validate(self.cfg)
+        if not checked:
+            user.validate(self.cfg)
+            candidates.validate(self.cfg)
         # no padding: every sequence of the request has this user's length, so nothing
         # pads it to the window (what a tuned no-cache server does; the scores are the same)
         x_seq, valid, x_ns = self._user_tokens(user, pad=False)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 
+from kvrank.cache import Outcome
 from kvrank.model.contract import UserInput
 from kvrank.service import RankingService
 
@@ -30,21 +32,25 @@ class Prefetches:
 
     def offer(self, service: RankingService, user_id: str, user: UserInput) -> bool:
         """Start making ``user``'s entry; ``False`` (dropped) when ``limit`` are in flight
-        or the pod has no model time to spare."""
+        or the pod has no model time to spare. ``InputError`` for a bad ``user``, whether
+        or not it would be dropped: that much the caller hears."""
+        work = service.prefetch(user_id, user)
         if len(self._tasks) >= self.limit:
             service.metrics.prefetches["dropped"].inc()
+            work.close()
             return False
         if service.admission.prefetch_refusal() is not None:
             service.metrics.prefetches["shed"].inc()
+            work.close()
             return False
-        task = asyncio.create_task(self._run(service, user_id, user))
+        task = asyncio.create_task(self._run(service, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _run(self, service: RankingService, user_id: str, user: UserInput) -> None:
+    async def _run(self, service: RankingService, work: Coroutine[None, None, Outcome]) -> None:
         try:
-            await service.prefetch(user_id, user)
+            await work
         except Exception as exc:  # the caller had its 202: counted and logged, never raised
             service.metrics.prefetches["failed"].inc()
             log.warning("prefetch failed: %s: %s", type(exc).__name__, exc)

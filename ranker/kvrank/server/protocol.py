@@ -29,16 +29,15 @@ import uuid
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from kvrank.errors import Overloaded
 from kvrank.metrics import SCORE_ROUTE
 from kvrank.server.edge import (
     POD_HEADER,
     Headers,
+    Refusal,
     Screener,
     access_line,
     caller_id,
     error_body,
-    shed_headers,
 )
 
 _SCORE_URL = SCORE_ROUTE.encode()
@@ -47,20 +46,21 @@ _STATUS_LINE = b"HTTP/1.1 503 Service Unavailable\r\n"
 
 def shed_answer(
     screener: Screener,
-    exc: Overloaded,
+    refusal: Refusal,
     headers: Headers,
     default_headers: list[tuple[bytes, bytes]],
     started: float,
 ) -> bytes:
-    """The whole shed answer, status line to body, counted and logged as the edge does
-    (``started``: when the headers were in, on :func:`time.perf_counter`)."""
+    """The whole answer to a shed request (``refusal``, the screener's), status line to body,
+    counted and logged as the edge does (``started``: when the headers were in, on
+    :func:`time.perf_counter`)."""
     request_id = caller_id(headers.get(b"x-request-id", b"")) or uuid.uuid4().hex
-    body = json.dumps(error_body(str(exc), request_id), separators=(",", ":")).encode()
+    body = json.dumps(error_body(refusal.message, request_id), separators=(",", ":")).encode()
     fields = [
         *default_headers,
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        *((k.lower().encode(), v.encode()) for k, v in shed_headers(exc).items()),
+        *((k.lower().encode(), v.encode()) for k, v in (refusal.headers or {}).items()),
         (b"x-request-id", request_id.encode()),
         POD_HEADER,
     ]
@@ -80,9 +80,9 @@ def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
             if refused is None:
                 super().on_headers_complete()
                 return
-            exc, headers = refused
+            refusal, headers = refused
             default_headers = self.server_state.default_headers
-            answer = shed_answer(screener, exc, headers, default_headers, started)
+            answer = shed_answer(screener, refusal, headers, default_headers, started)
             self.transport.write(answer)
             # an answered cycle: the body that follows is discarded as it arrives
             self.cycle = RequestResponseCycle(
@@ -101,7 +101,7 @@ def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
             self.cycle.response_complete = True
             self.on_response_complete()
 
-        def _refused(self) -> tuple[Overloaded, Headers] | None:
+        def _refused(self) -> tuple[Refusal, Headers] | None:
             """The refusal and the headers of a plain scoring request that is shed."""
             busy = self.cycle is not None and not self.cycle.response_complete
             if (
@@ -116,6 +116,6 @@ def screening_protocol(screener: Screener) -> type[HttpToolsProtocol]:
             local_port = self.server[1] if self.server else None
             refusal = screener.check(SCORE_ROUTE, "POST", headers, self.scope["state"], local_port)
             # only a shed one is answered here: the app answers the others as the edge does
-            return None if refusal is None or refusal.shed is None else (refusal.shed, headers)
+            return None if refusal is None or refusal.shed is None else (refusal, headers)
 
     return ScreeningProtocol

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ValidationError
 from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
 from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
-from kvrank.model.features import check_user
 from kvrank.server.edge import AccessRecord, Headers
 from kvrank.server.oip import ModelInputs
 from kvrank.server.schemas import (
@@ -216,9 +215,8 @@ async def prefetch(request: Request, state: State) -> Response:
     svc = state.started
     body = _parse(state.prefetch_model, state.prefetch_strict, await request.body())
     user_id, access = _user_of(request, state, body)
-    user = to_user(body, svc.features)
-    check_user(svc.features, user)  # bad input is the caller's to hear: 422 before the 202
-    accepted = state.prefetches.offer(svc, user_id, user)
+    # bad input is the caller's to hear: offering checks it, a 422 before the 202
+    accepted = state.prefetches.offer(svc, user_id, to_user(body, svc.features))
     access.cache = "prefetch" if accepted else "prefetch-dropped"
     answer = PrefetchResponse(
         request_id=request.state.request_id, status="accepted" if accepted else "dropped"

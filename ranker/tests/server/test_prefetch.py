@@ -6,11 +6,14 @@ routing header that names another user than the body is refused naming the heade
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+import kvrank.service
+from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.tools.processes import samples
 
 
@@ -69,6 +72,11 @@ def test_a_full_prefetch_queue_drops_with_202_and_counts_it(make_client, request
     resp = client.post("/v1/prefetch", json=prefetch_body(req))
     assert resp.status_code == 202 and resp.json()["status"] == "dropped", resp.text
     assert metric(client, "kvrank_prefetches_total", result="dropped") == 1
+    bad = prefetch_body(req)
+    bad["events"] = {**bad["events"], "actions": [99] * len(bad["events"]["actions"])}
+    resp = client.post("/v1/prefetch", json=bad)  # dropped or not, bad input is a 422
+    assert resp.status_code == 422 and resp.json()["field"] == "events.actions", resp.text
+    assert metric(client, "kvrank_prefetches_total", result="dropped") == 1
     assert client.post("/v1/score", json=req).json()["cache"] == "miss"
 
 
@@ -125,3 +133,34 @@ def test_the_routing_header_is_configurable(make_client, request_for) -> None:
     resp = client.post("/v1/score", json=req, headers={"X-User": "bob"})
     assert resp.status_code == 400 and resp.json()["field"] == "X-User", resp.text
     assert client.post("/v1/score", json=req, headers={"X-KVRank-User": "bob"}).status_code == 200
+
+
+def test_a_request_is_checked_once_by_the_service_not_again_by_the_model(
+    make_client, request_for, monkeypatch
+) -> None:
+    """Each request's input is checked against the model's feature spec once, where the
+    service takes it; the model (which checks what its direct callers hand it) does not
+    check it a second time: on the serving path that would be time on every request."""
+    checks: list[str] = []
+
+    def counted(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def check(*args: Any, **kwargs: Any) -> Any:
+            checks.append(name)
+            return fn(*args, **kwargs)
+
+        return check
+
+    monkeypatch.setattr(kvrank.service, "check_user", counted(kvrank.service.check_user, "user"))
+    monkeypatch.setattr(
+        kvrank.service, "check_candidates", counted(kvrank.service.check_candidates, "cands")
+    )
+    for typed in (Events, UserFeatures, Candidates):
+        monkeypatch.setattr(typed, "validate", counted(typed.validate, "model"))
+    client = make_client()
+    _, _, req = request_for("checked")
+    assert client.post("/v1/prefetch", json=prefetch_body(req)).status_code == 202
+    settled(client)
+    assert checks == ["user"]
+    checks.clear()
+    doc = client.post("/v1/score", json={**req, "user_id": "checked-2"}).json()
+    assert doc["cache"] == "miss" and checks == ["user", "cands"], (doc, checks)
