@@ -21,7 +21,7 @@ from artifacts import MODEL_CONFIG
 from stack import NS, REDIS_SELECTOR, REDIS_TLS_DIR, Stack
 
 from kvrank.tools.workload import Workload, WorkloadSettings
-from kvrank_operator.manifests.common import deployment_name, redis_name
+from kvrank_operator.manifests.common import deployment_name, ranker_auth_secret, redis_name
 from kvrank_operator.spec import namespace_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,8 +228,13 @@ class Ranker:
         script = f'tls=""; {use_tls}REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli $tls {quoted}'
         return self.stack.kubectl("exec", "-n", NS, pod, "--", "sh", "-c", script, check=check)
 
-    def redis_password(self) -> str:
-        secret = self.stack.must_get("secret", f"{redis_name(self.name)}-auth")
+    def redis_password(self, user: str = "default") -> str:
+        """Its managed Redis's password of ``user``: ``default`` (the operator's) or
+        ``ranker`` (the ACL user its rankers and purge Jobs authenticate as)."""
+        name = (
+            f"{redis_name(self.name)}-auth" if user == "default" else ranker_auth_secret(self.name)
+        )
+        secret = self.stack.must_get("secret", name)
         return base64.b64decode(secret["data"]["password"]).decode()
 
     def redis_keys(self, cache_ns: str) -> int:

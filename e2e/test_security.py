@@ -9,7 +9,7 @@ import json
 
 import pytest
 from chart import OPERATOR_NS
-from rankers import Rankers
+from rankers import Ranker, Rankers
 from release import OperatorRelease
 from stack import NS, Stack
 
@@ -125,10 +125,30 @@ def test_every_pod_is_admitted_under_restricted_pod_security(
     # the managed Redis password is in no process's command line on the node (any local
     # user can read those): redis-server includes it from a memory-backed file, redis-cli
     # (probes, bootstrap) reads it from REDISCLI_AUTH
-    password = ranker.redis_password()
+    passwords = (ranker.redis_password(), ranker.redis_password("ranker"))
     lines = stack.command_lines()
     assert any("redis-server" in line for line in lines), "no redis-server process seen"
-    assert not [line for line in lines if password in line]
+    assert not [line for line in lines if any(p in line for p in passwords)]
+    _assert_the_rankers_redis_user_is_confined(ranker)
+
+
+def _assert_the_rankers_redis_user_is_confined(ranker: Ranker) -> None:
+    """The rankers (and purge Jobs) authenticate as an ACL user the operator set on every
+    node: their own deployment's keys and the commands they send, nothing else."""
+    own = ranker.cache_namespace("v1")
+    commands = [
+        (("set", f"kvrank:{own}:u:h", "x"), True),
+        (("get", f"kvrank-head:{own}:u"), True),
+        (("get", "kvrank:someone-else.v1:u:h"), False),
+        (("flushall",), False),
+        (("config", "set", "dir", "/tmp"), False),
+        (("keys", "*"), False),
+    ]
+    for pod in ranker.redis_pods():
+        for command, allowed in commands:
+            answer = ranker.redis_cli(pod, "acl", "dryrun", "ranker", *command, check=False)
+            assert (answer.strip() == "OK") == allowed, (pod, command, answer)
+            assert allowed or "no permissions" in answer, (pod, command, answer)
 
 
 def test_invalid_specs_and_artifacts_are_refused_and_nothing_is_deleted(

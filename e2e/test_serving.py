@@ -90,6 +90,7 @@ def _assert_it_owns_its_objects(stack: Stack, ranker: Ranker) -> None:
         ("pdb", name),
         ("statefulset", f"{name}-redis"),
         ("secret", f"{name}-redis-auth"),
+        ("secret", f"{name}-redis-ranker-auth"),
         ("secret", f"{name}-cache-key"),
         ("networkpolicy", f"{name}-redis"),
         ("networkpolicy", name),

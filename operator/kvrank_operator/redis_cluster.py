@@ -25,7 +25,7 @@ node makes that node unreachable for this round, never an exception for the call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,15 @@ class NodeView:
 
     def me(self) -> Peer:
         return next(p for p in self.peers if "myself" in p.flags)
+
+
+@dataclass(frozen=True)
+class AclUser:
+    """A Redis user every node must have (``ACL SETUSER name reset on >password rules``)."""
+
+    name: str
+    password: str
+    rules: tuple[str, ...]
 
 
 @dataclass
@@ -245,6 +254,28 @@ def _try(node: RedisNode, *args: Any) -> None:
         return
 
 
+def set_users(
+    addrs: list[str], users: Sequence[AclUser], connect: Callable[[str], RedisNode]
+) -> list[str]:
+    """Each of ``users`` as it must be on each node at ``addrs``, every time (its rules
+    replaced whole, in one command: connections it has authenticated keep working); what
+    was created. A node that fails this is left for the next round."""
+    created = []
+    for addr in addrs:
+        node = connect(addr)
+        for user in users:
+            try:
+                existed = node.execute_command("ACL", "GETUSER", user.name) is not None
+                node.execute_command(
+                    "ACL", "SETUSER", user.name, "reset", "on", f">{user.password}", *user.rules
+                )
+            except Exception:
+                continue
+            if not existed:
+                created.append(f"created ACL user {user.name!r} on {addr}")
+    return created
+
+
 def _ranges(indexes: Iterable[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for i in indexes:
@@ -261,11 +292,13 @@ def check_and_heal(
     expected: int,
     replicas_per_shard: int,
     tls_ca: str | None = None,
+    users: Sequence[AclUser] = (),
 ) -> Health:
     """Observe the cluster at ``addrs`` (``ip:port``), take one healing step when it is
     unhealthy, and report its health as observed before that step. ``tls_ca``: the nodes
     speak TLS with certificates of this CA (PEM; the chain is checked, not the IP, which
-    no certificate names)."""
+    no certificate names). ``users``: set on every node that answers (ACLs are per node and
+    a node back from a restart has none), each one created is an action."""
     import redis
 
     clients: dict[str, redis.Redis] = {}
@@ -288,12 +321,14 @@ def check_and_heal(
     try:
         views = observe(addrs, connect)
         health = inspect(views, expected, replicas_per_shard)
+        created = set_users([addr for addr, v in views.items() if v is not None], users, connect)
         # a pod without an address may still be a member: never heal around it
         if not health.ok and health.reason != "NodesMissing":
             try:
                 health.actions = heal(views, connect, replicas_per_shard)
             except Exception as exc:
                 health.actions = [f"healing step failed: {exc}"]
+        health.actions += created
         return health
     finally:
         for c in clients.values():

@@ -70,7 +70,7 @@ def test_the_scale_subresource_reports_the_replicas_that_are_ready() -> None:
     seen = Observed({"v1": deployment(1), "v2": deployment(0)}, {"v1", "v2"}, {}, set(), None, [])
     now = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
     p = Pass(None, Instance("feed", "prod", "uid-1", 1), spec, Status(), now)  # type: ignore[arg-type]
-    c = Context(p.instance, spec, None, frozenset(), Fresh("", "", None))
+    c = Context(p.instance, spec, None, frozenset(), Fresh("", "", "", None))
     serving = versions.report(p, c, seen, Applied()).serving
     assert serving is not None
     assert [(v.version, v.replicas, v.ready_replicas) for v in serving.versions] == [

@@ -413,7 +413,9 @@ def test_names_and_namespace_can_be_overridden_and_redis_still_admits_the_operat
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     defaults = Defaults(operator_namespace="ops")
     spec = parse_spec({"model": {"version": "v1", "uri": "/models/v1"}}, defaults)
-    policy = next(o for o in managed_redis(spec, "f", "p", "x") if o["kind"] == "NetworkPolicy")
+    policy = next(
+        o for o in managed_redis(spec, "f", "p", ("x", "y")) if o["kind"] == "NetworkPolicy"
+    )
     peers = policy["spec"]["ingress"][0]["from"]
     operator = {"matchLabels": {OPERATOR_POD_LABEL: "true"}}
     ops = {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}

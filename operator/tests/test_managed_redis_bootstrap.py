@@ -45,7 +45,7 @@ def run_job(script: str, nodes: list[RedisServer]) -> subprocess.CompletedProces
 
 def test_the_jobs_script_is_the_one_tested_here() -> None:
     spec = parse_spec({"model": {"version": "v1", "uri": "/m"}, "cache": {"redis": {}}})
-    job = next(o for o in managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "Job")
+    job = next(o for o in managed_redis(spec, "feed", "prod", ("pw", "rpw")) if o["kind"] == "Job")
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["sh", "-c", bootstrap_script(1)]
     env = {e["name"]: e for e in container["env"]}

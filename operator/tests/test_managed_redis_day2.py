@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import redis
+from redis.exceptions import NoPermissionError
 from redis_nodes import addrs, run_bootstrap
 
 from kvrank.tools.processes import RedisServer, free_port_pair
+from kvrank_common import RANKER_REDIS_USER, acl_rules
 from kvrank_operator.manifests import bootstrap_script
-from kvrank_operator.redis_cluster import Health, check_and_heal, parse_nodes
+from kvrank_operator.redis_cluster import AclUser, Health, check_and_heal, parse_nodes
 
 pytestmark = pytest.mark.redis
 PASSWORD = "s3cret-day2"
@@ -42,12 +45,14 @@ def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[Redis
             s.stop()
 
 
-def heal_until_ok(nodes: list[RedisServer], replicas: int, timeout: float = 60) -> list[Health]:
+def heal_until_ok(
+    nodes: list[RedisServer], replicas: int, timeout: float = 60, users: Sequence[AclUser] = ()
+) -> list[Health]:
     """What the operator's resync does: check (and heal a step) every second until ok."""
     seen: list[Health] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        health = check_and_heal(addrs(nodes), PASSWORD, len(nodes), replicas)
+        health = check_and_heal(addrs(nodes), PASSWORD, len(nodes), replicas, None, users)
         seen.append(health)
         if health.ok:
             return seen
@@ -121,3 +126,42 @@ def test_a_node_that_does_not_answer_is_reported_not_healed_around(
     assert not any("forgot" in a for a in health.actions)
     missing = check_and_heal(addrs(nodes)[:2], PASSWORD, 3, 0)
     assert not missing.ok and missing.reason == "NodesMissing" and not missing.actions
+
+
+@pytest.mark.parametrize("nodes", [3], indirect=True)
+def test_the_rankers_acl_user_is_set_on_every_node_and_again_on_one_back_empty(
+    nodes: list[RedisServer],
+) -> None:
+    """The rankers authenticate as an ACL user the operator sets on every node: it reads and
+    writes its deployment's keys and nothing else (no other deployment's keys, no FLUSHALL,
+    no CONFIG). ACLs live per node and in memory: a node back empty has none, and the next
+    check sets the user there again, saying so."""
+    assert run_bootstrap(bootstrap_script(0), nodes, PASSWORD).returncode == 0
+    user = AclUser(RANKER_REDIS_USER, "ranker-pw", tuple(acl_rules("feed-3f9a2c81.*")))
+    created = {f"created ACL user 'ranker' on {a}" for a in addrs(nodes)}
+    assert set(heal_until_ok(nodes, 0, users=[user])[-1].actions) == created
+    assert check_and_heal(addrs(nodes), PASSWORD, 3, 0, None, [user]).actions == []
+    as_ranker = {"username": "ranker", "password": "ranker-pw", "socket_timeout": 5}
+    cluster = redis.RedisCluster(host="127.0.0.1", port=nodes[0].port, **as_ranker)
+    try:
+        for i in range(20):  # keys over every node's slots
+            cluster.set(f"kvrank:feed-3f9a2c81.v1:user-{i}:h", b"entry")
+            assert cluster.get(f"kvrank:feed-3f9a2c81.v1:user-{i}:h") == b"entry"
+    finally:
+        cluster.close()
+    for node in nodes:
+        with redis.Redis(host="127.0.0.1", port=node.port, **as_ranker) as plain:
+            for refused in (
+                ("SET", "kvrank:ads-0b7e44d2.v1:user-1:h", "x"),  # another deployment's
+                ("GET", "other:key"),
+                ("FLUSHALL",),
+                ("CONFIG", "GET", "dir"),
+            ):
+                with pytest.raises(NoPermissionError):
+                    plain.execute_command(*refused)
+    restart_empty(nodes[2])
+    seen = heal_until_ok(nodes, 0, users=[user])
+    back = f"created ACL user 'ranker' on 127.0.0.1:{nodes[2].port}"
+    assert any(back in h.actions for h in seen), [h.actions for h in seen]
+    with redis.Redis(host="127.0.0.1", port=nodes[2].port, **as_ranker) as restarted:
+        assert restarted.ping()

@@ -35,7 +35,7 @@ SPEC = parse_spec(
 
 def objects() -> dict[str, dict[str, Any]]:
     material = redis_tls("feed-redis", tls_dns_names("feed", "prod"), dt.datetime.now(dt.UTC))
-    docs = managed_redis(SPEC, "feed", "prod", PASSWORD, material)
+    docs = managed_redis(SPEC, "feed", "prod", (PASSWORD, "ranker-pw"), material)
     return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
 
 

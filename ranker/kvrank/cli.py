@@ -596,7 +596,7 @@ def cache_acl_rules(
 ) -> None:
     """Print the ACL SETUSER rules that confine a Redis user to one cache namespace or one
     deployment's (for its rankers and purge Jobs on a Redis shared with others)."""
-    from kvrank.cache import acl_rules
+    from kvrank_common import acl_rules
 
     typer.echo(" ".join(acl_rules(namespace)))
 

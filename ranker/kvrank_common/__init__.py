@@ -41,3 +41,41 @@ REQUESTS_METRIC = "kvrank_requests_total"
 """Counter of scoring requests, labelled by ``outcome``."""
 CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 """The ``outcome`` labels of a request served from a cache (the hit ratio's numerator)."""
+
+# ------------------------------------------------------- Redis keys and their ACL user
+KEY_PREFIX = "kvrank"
+"""Every key a ranker writes starts ``kvrank:<cache namespace>:`` (an entry),
+``kvrank-head:<cache namespace>:`` (a user's latest state) or ``kvrank-lock:<cache
+namespace>:`` (a cross-pod lock)."""
+
+
+def namespace_patterns(namespace: str) -> list[str]:
+    """Glob patterns (SCAN's, and an ACL's key patterns) matching every key of cache
+    namespace ``namespace`` (itself a pattern where it holds ``*``)."""
+    return [f"{KEY_PREFIX}{kind}:{namespace}:*" for kind in ("", "-head", "-lock")]
+
+
+RANKER_COMMANDS = (
+    # entries, heads and locks; a lock is released by a script; a user's entries are found
+    # by SCAN (keyless: every name is listed, only the namespace's can then be touched)
+    "+get", "+set", "+unlink", "+eval", "+evalsha", "+scan",
+    # connecting and health: the handshake, the readiness PING, a cluster client's topology
+    # and command table (redis-py's CLIENT SETINFO, Redis >= 7.2, is left refused: it
+    # ignores the refusal, and naming it fails on 7.0)
+    "+auth", "+hello", "+client|setname", "+ping",
+    "+cluster|slots", "+cluster|shards", "+command",
+)  # fmt: skip
+"""What a ranker and a purge Job send to Redis, and nothing else."""
+
+RANKER_REDIS_USER = "ranker"
+"""The ACL user a managed Redis's rankers and purge Jobs authenticate as (the operator keeps
+the ``default`` user, whose password forms and heals the cluster)."""
+
+
+def acl_rules(namespace: str) -> list[str]:
+    """The ``ACL SETUSER`` rules that let a ranker (and the purge Job) use the keys of cache
+    namespace ``namespace`` (``<owner>.*``: every version of one deployment) and nothing
+    else: a deployment sharing a Redis with others can neither read nor overwrite their
+    entries, nor flush, configure or list anything."""
+    keys = [f"~{pattern}" for pattern in namespace_patterns(namespace)]
+    return ["resetkeys", *keys, "resetchannels", "-@all", *RANKER_COMMANDS]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvrank_common import RANKER_REDIS_USER
 from kvrank_operator import __version__
 from kvrank_operator.certs import CA_FILE
 from kvrank_operator.spec import RankerSpec, RedisSpec, parse_quantity
@@ -181,6 +182,12 @@ def redis_name(instance: str) -> str:
     return f"{instance}-redis"
 
 
+def ranker_auth_secret(instance: str) -> str:
+    """The managed Redis's Secret holding the password of the ACL user its rankers and
+    purge Jobs authenticate as (``kvrank_common.RANKER_REDIS_USER``)."""
+    return f"{redis_name(instance)}-ranker-auth"
+
+
 def redis_url(spec: RankerSpec, instance: str, namespace: str) -> tuple[str, bool]:
     """The L2 endpoint rankers use, and whether it is a cluster."""
     r = spec.cache.redis
@@ -188,7 +195,8 @@ def redis_url(spec: RankerSpec, instance: str, namespace: str) -> tuple[str, boo
         assert r.url is not None
         return r.url, r.cluster
     host = f"{redis_name(instance)}-0.{redis_name(instance)}-headless.{namespace}.svc"
-    return f"{'rediss' if r.tls else 'redis'}://{host}:{REDIS_PORT}", True
+    scheme = "rediss" if r.tls else "redis"
+    return f"{scheme}://{RANKER_REDIS_USER}@{host}:{REDIS_PORT}", True
 
 
 def tls_secret_name(instance: str, r: RedisSpec) -> str | None:
@@ -231,7 +239,9 @@ def entry_secret(instance: str, namespace: str, secret: str) -> dict[str, Any]:
 
 
 def password_secret(spec: RankerSpec, instance: str) -> tuple[str, str] | None:
+    """(Secret, key) of the password the rankers and purge Jobs give Redis: on a managed
+    Redis their ACL user's, never the ``default`` user's the operator keeps."""
     r = spec.cache.redis
     if r.mode == "managed":
-        return f"{redis_name(instance)}-auth", "password"
+        return ranker_auth_secret(instance), "password"
     return r.password_secret

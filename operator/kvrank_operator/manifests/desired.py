@@ -66,7 +66,7 @@ def desired_redis(
     spec: RankerSpec,
     instance: str,
     namespace: str,
-    password: str,
+    passwords: tuple[str, str],
     tls: dict[str, str] | None = None,
 ) -> list[Desired]:
     """The managed Redis Cluster (none for an external Redis); its Secrets and bootstrap Job
@@ -75,5 +75,5 @@ def desired_redis(
         return []
     return [
         Desired(obj, create_only=obj["kind"] in ("Secret", "Job"))
-        for obj in managed_redis(spec, instance, namespace, password, tls)
+        for obj in managed_redis(spec, instance, namespace, passwords, tls)
     ]

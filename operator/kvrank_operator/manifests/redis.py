@@ -1,11 +1,12 @@
 """The managed Redis Cluster's objects: config, auth Secret, headless Service, StatefulSet,
 the bootstrap Job that forms the cluster once, its NetworkPolicy and PodDisruptionBudget.
-Pure: the typed spec (and a password the caller generated) in, plain dicts out."""
+Pure: the typed spec (and the passwords the caller generated) in, plain dicts out."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvrank_common import RANKER_REDIS_USER
 from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
@@ -91,12 +92,15 @@ def managed_redis(
     spec: RankerSpec,
     instance: str,
     namespace: str,
-    password: str,
+    passwords: tuple[str, str],
     tls: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """ConfigMap + auth Secret (+ TLS Secret) + headless Service + StatefulSet + bootstrap
-    Job + NetworkPolicy + PDB, in the order they are applied. ``tls``: freshly generated
-    material for the TLS Secret (used when TLS is on without a Secret of the user's)."""
+    """ConfigMap + auth Secrets (+ TLS Secret) + headless Service + StatefulSet + bootstrap
+    Job + NetworkPolicy + PDB, in the order they are applied. ``passwords``: the ``default``
+    user's (the operator's and the bootstrap Job's) and the rankers' ACL user's (the
+    operator sets that user on every node once the cluster has formed). ``tls``: freshly
+    generated material for the TLS Secret (used when TLS is on without a Secret of the
+    user's)."""
     r, name = spec.cache.redis, redis_name(instance)
     rl, uid = selector(instance, "redis"), spec.ids(REDIS_UID)
     meta_labels = labels(instance, "redis", image_tag(r.image))
@@ -111,7 +115,14 @@ def managed_redis(
         generated_tls.append(obj("v1", "Secret", "-tls", type="kubernetes.io/tls", stringData=tls))
     return [
         obj("v1", "ConfigMap", "-conf", data={"redis.conf": _redis_conf(r)}),
-        obj("v1", "Secret", "-auth", type="Opaque", stringData={"password": password}),
+        obj("v1", "Secret", "-auth", type="Opaque", stringData={"password": passwords[0]}),
+        obj(
+            "v1",
+            "Secret",
+            "-ranker-auth",
+            type="Opaque",
+            stringData={"username": RANKER_REDIS_USER, "password": passwords[1]},
+        ),
         *generated_tls,
         obj("v1", "Service", "-headless", spec=_headless_service(rl)),
         obj("apps/v1", "StatefulSet", spec=_sts(r, instance, rl, uid)),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,16 +24,16 @@ from kvrank_operator.certs import redis_tls
 from kvrank_operator.kube import Kube
 from kvrank_operator.manifests.desired import Desired
 from kvrank_operator.reconcilers.observe import Observed
-from kvrank_operator.redis_cluster import Health
+from kvrank_operator.redis_cluster import AclUser, Health
 from kvrank_operator.spec import RankerSpec
 from kvrank_operator.state import CacheNamespace, ConditionUpdate, Instance, Serving, Status
 
 Event = tuple[str, str, str]
 """``(type, reason, message)``: an Event to post on the RankerDeployment."""
 
-HealthCheck = Callable[[list[str], str | None, int, int, str | None], Health]
-"""``(ip:port of each pod, password, expected nodes, replicas per shard, TLS CA or None) →
-Health`` (and heal a step)."""
+HealthCheck = Callable[[list[str], str | None, int, int, str | None, Sequence[AclUser]], Health]
+"""``(ip:port of each pod, password, expected nodes, replicas per shard, TLS CA or None, ACL
+users every node must have) → Health`` (and heal a step, and set the users on every node)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class Fresh:
     (never replaced under running pods)."""
 
     redis_password: str
+    """The managed Redis's ``default`` user's (the operator's)."""
+    ranker_password: str
+    """The managed Redis's ACL user's, which its rankers and purge Jobs authenticate as."""
     entry_key: str
     """The cache-entry secret the rankers sign L2 entries with."""
     redis_tls: dict[str, str] | None
@@ -67,7 +70,9 @@ class Fresh:
         if r.mode == "managed" and r.tls and not r.tls_secret:  # half a millisecond
             name, ns = instance.name, instance.namespace
             tls = redis_tls(m.redis_name(name), m.tls_dns_names(name, ns), now)
-        return cls(secrets.token_urlsafe(24), secrets.token_urlsafe(32), tls)
+        return cls(
+            secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(32), tls
+        )
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ class ObservedRedis:
     password: str | None
     tls_ca: str | None = None
     """The CA certificate (PEM) its nodes' TLS certificates are signed by; ``None``: no TLS."""
+    ranker_password: str | None = None
+    """The password of the ACL user its rankers authenticate as (``None``: no such Secret)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def _observe_redis(
     job = kube.get("batch/v1", "Job", ns, f"{m.redis_name(name)}-bootstrap") or {}
     formed = bool((job.get("status") or {}).get("succeeded"))
     addresses: list[str] = []
-    password = None
+    password = ranker_password = None
     tls_ca = None
     if formed:
         pods = lists.list("v1", "Pod", ns, m.selector(name, "redis"))
@@ -195,6 +197,8 @@ def _observe_redis(
             if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
         )
         password = _secret_value(kube, ns, f"{m.redis_name(name)}-auth", "password")
+        ranker = m.ranker_auth_secret(name)
+        ranker_password = _secret_value(kube, ns, ranker, "password")
         tls_secret = m.tls_secret_name(name, spec.cache.redis)
         tls_ca = _secret_value(kube, ns, tls_secret, CA_FILE) if tls_secret else None
     return ObservedRedis(
@@ -204,6 +208,7 @@ def _observe_redis(
         addresses=addresses,
         password=password,
         tls_ca=tls_ca,
+        ranker_password=ranker_password,
     )
 
 

@@ -22,7 +22,9 @@ def test_only_pods_labelled_for_it_reach_a_rankers_admin_port_and_jobs_accept_no
     assert "ingress" not in deny["spec"] and deny["spec"]["policyTypes"] == ["Ingress"]
     selector = deny["spec"]["podSelector"]["matchLabels"]
     job = m.purge_job(spec, "feed", "prod", "v-v1")
-    bootstrap = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "Job")
+    bootstrap = next(
+        o for o in m.managed_redis(spec, "feed", "prod", ("pw", "rpw")) if o["kind"] == "Job"
+    )
     for j in (job, bootstrap):
         assert selector.items() <= j["spec"]["template"]["metadata"]["labels"].items()
         assert first_container(j)["resources"]["limits"]["ephemeral-storage"]
@@ -38,7 +40,7 @@ def test_pods_that_call_no_api_get_no_service_account_token() -> None:
         m.purge_job(spec, "feed", "prod", "v-v1"),
         *(
             o
-            for o in m.managed_redis(spec, "feed", "prod", "pw")
+            for o in m.managed_redis(spec, "feed", "prod", ("pw", "rpw"))
             if "template" in o.get("spec", {})
         ),
     ]

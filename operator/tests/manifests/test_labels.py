@@ -18,7 +18,7 @@ def _everything_the_operator_makes() -> list[dict]:
     bundled = parse_spec({**example("canary.yaml"), "routing": {"mode": "bundled"}})
     gateway = {"mode": "gateway", "gateway": {"name": "public", "namespace": "gateways"}}
     objs = [d.obj for d in m.desired_rankers(canary, "feed", "prod", 60.0, "k" * 43)]
-    objs += [d.obj for d in m.desired_redis(canary, "feed", "prod", "s3cret")]
+    objs += [d.obj for d in m.desired_redis(canary, "feed", "prod", ("s3cret", "r4nker"))]
     objs += m.router_objects(bundled, "feed", "prod", frozenset({"v1"}))
     objs += gateway_objects(
         parse_spec({**example("canary.yaml"), "routing": gateway}), "feed", "prod"

@@ -37,7 +37,11 @@ def test_ranker_config_matches_the_server_schema() -> None:
     doc = yaml.safe_load(m.ranker_config(spec, "feed", "prod", ttl_s=42.0))
     cfg = ServerConfig.model_validate(doc)
     assert cfg.ttl.fixed_seconds == 42.0 and cfg.redis.cluster is True
-    assert cfg.redis.url == "redis://feed-redis-0.feed-redis-headless.prod.svc:6379"
+    # as the ACL user of the rankers, its password from that user's Secret
+    assert cfg.redis.url == "redis://ranker@feed-redis-0.feed-redis-headless.prod.svc:6379"
+    dep = m.deployment(spec, "feed", "prod", "v1", "/models/v1", 2, "stable")
+    auth = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "redis-auth")
+    assert auth["secret"]["secretName"] == "feed-redis-ranker-auth"
 
 
 def test_a_host_tier_is_in_the_pods_config_only_when_asked_for() -> None:

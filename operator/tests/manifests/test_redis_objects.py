@@ -12,9 +12,15 @@ from kvrank_operator.spec import parse_quantity, parse_spec
 
 def test_managed_redis_objects() -> None:
     spec = parse_spec(example("basic.yaml"))
-    objs = {o["kind"]: o for o in m.managed_redis(spec, "feed", "prod", "s3cret")}
+    made = m.managed_redis(spec, "feed", "prod", ("s3cret", "r4nker"))
+    objs = {o["kind"]: o for o in made}
     assert objs["StatefulSet"]["spec"]["replicas"] == 6  # 3 shards × (1 + 1 replica)
-    assert objs["Secret"]["stringData"]["password"] == "s3cret"
+    secrets = {o["metadata"]["name"]: o["stringData"] for o in made if o["kind"] == "Secret"}
+    # the default user's (the operator's) apart from the rankers' ACL user's
+    assert secrets == {
+        "feed-redis-auth": {"password": "s3cret"},
+        "feed-redis-ranker-auth": {"username": "ranker", "password": "r4nker"},
+    }
     script = objs["Job"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert "cluster_slots_assigned:16384" in script and "refusing to re-create" in script
     assert "--cluster-replicas 1" in script
@@ -28,7 +34,11 @@ def test_managed_redis_objects() -> None:
 
 def test_redis_requests_cpu_and_storage_unless_its_resources_say_otherwise() -> None:
     spec = parse_spec(example("basic.yaml"))
-    sts = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "StatefulSet")
+    sts = next(
+        o
+        for o in m.managed_redis(spec, "feed", "prod", ("pw", "rpw"))
+        if o["kind"] == "StatefulSet"
+    )
     res = first_container(sts)["resources"]
     memory = spec.cache.redis.memory
     assert res["requests"] == {"memory": memory, "cpu": "100m", "ephemeral-storage": "64Mi"}
@@ -37,7 +47,11 @@ def test_redis_requests_cpu_and_storage_unless_its_resources_say_otherwise() -> 
     assert int(res["limits"]["ephemeral-storage"][:-2]) * 2**20 > parse_quantity(memory)
     own = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
     spec = parse_spec({**example("basic.yaml"), "cache": {"redis": {"resources": own}}})
-    sts = next(o for o in m.managed_redis(spec, "feed", "prod", "pw") if o["kind"] == "StatefulSet")
+    sts = next(
+        o
+        for o in m.managed_redis(spec, "feed", "prod", ("pw", "rpw"))
+        if o["kind"] == "StatefulSet"
+    )
     assert first_container(sts)["resources"]["requests"]["cpu"] == "2"
     # uid and gid above 10000 (clear of the host's users), any redis image runs under them
     security = sts["spec"]["template"]["spec"]["securityContext"]
@@ -51,7 +65,7 @@ def test_managed_redis_spreads_over_nodes_and_zones_and_takes_scheduling_knobs()
         nodeSelector={"pool": "cache"},
         tolerations=[{"key": "cache", "operator": "Exists", "effect": "NoSchedule"}],
     )
-    objs = {o["kind"]: o for o in m.managed_redis(parse_spec(doc), "feed", "prod", "pw")}
+    objs = {o["kind"]: o for o in m.managed_redis(parse_spec(doc), "feed", "prod", ("pw", "rpw"))}
     pod = objs["StatefulSet"]["spec"]["template"]["spec"]
     spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
     assert spread.keys() == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
@@ -61,14 +75,14 @@ def test_managed_redis_spreads_over_nodes_and_zones_and_takes_scheduling_knobs()
     assert "affinity" not in pod
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == "500m"
     basic = parse_spec(example("basic.yaml"))
-    default = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", "x")}
+    default = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", ("x", "y"))}
     limits = default["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert limits["limits"]["memory"] == limits["requests"]["memory"]
 
 
 def test_the_redis_password_is_on_no_command_line() -> None:
     basic = parse_spec(example("basic.yaml"))
-    objs = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", "pw")}
+    objs = {o["kind"]: o for o in m.managed_redis(basic, "f", "p", ("pw", "rpw"))}
     sts_pod = objs["StatefulSet"]["spec"]["template"]["spec"]
     job_pod = objs["Job"]["spec"]["template"]["spec"]
     for container in (*sts_pod["containers"], *job_pod["containers"]):
@@ -86,7 +100,7 @@ def test_managed_tls_with_a_secret_of_ones_own_generates_none() -> None:
             "cache": {"redis": {"mode": "managed", "tls": True, "tlsSecretName": "from-cm"}},
         }
     )
-    objs = m.managed_redis(spec, "feed", "prod", "pw")
+    objs = m.managed_redis(spec, "feed", "prod", ("pw", "rpw"))
     assert not [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-tls")]
     pod = next(o for o in objs if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     assert {"name": "tls", "secret": {"secretName": "from-cm", "defaultMode": 0o440}} in pod[

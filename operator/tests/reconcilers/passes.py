@@ -22,7 +22,9 @@ def pass_of(
     """A pass of ``spec`` with no API client: a concern that calls the API fails loudly."""
     parsed = parse_spec(spec)
     p = Pass(None, INSTANCE, parsed, prior or Status(), NOW)  # type: ignore[arg-type]
-    return p, Context(INSTANCE, parsed, None, frozenset(), Fresh("pw", "key", None), **context)
+    return p, Context(
+        INSTANCE, parsed, None, frozenset(), Fresh("pw", "rpw", "key", None), **context
+    )
 
 
 def deployment(ready: int, want: int | None = None, generation: int = 1) -> dict[str, Any]:

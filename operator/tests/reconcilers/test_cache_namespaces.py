@@ -111,7 +111,7 @@ def _pass(
 ) -> Status:
     seen = Observed({}, writing or set(), {}, set(), None, [])
     p = Pass(kube, instance, spec, prior, now)  # type: ignore[arg-type]
-    c = Context(instance, spec, None, frozenset(), Fresh("", "", None))
+    c = Context(instance, spec, None, frozenset(), Fresh("", "", "", None))
     entries = cache_namespaces.report(p, c, seen, Applied()).cache_namespaces
     return dataclasses.replace(prior, cache_namespaces=entries or ())
 

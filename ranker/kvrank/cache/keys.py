@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
+from kvrank_common import KEY_PREFIX
+
 if TYPE_CHECKING:  # keys stay importable without torch (admin tools only need names)
     from torch import Tensor
 
     from kvrank.model.contract import FeatureSpec, UserInput
 
-PREFIX = "kvrank"
+PREFIX = KEY_PREFIX
 _PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 HASH_BYTES = 16
 SEQ_HASH_PATTERN = rf"^[0-9a-f]{{{2 * HASH_BYTES}}}$"
@@ -98,35 +100,6 @@ def entry_prefix(namespace: str, model_version: str, user_id: str) -> str:
 
 def head_key(namespace: str, model_version: str, user_id: str) -> str:
     return f"{PREFIX}-head:{namespace}:{model_version}:{user_id}"
-
-
-def namespace_pattern(namespace: str) -> list[str]:
-    """SCAN patterns matching every key (entries, heads, locks) of ``namespace``."""
-    return [
-        f"{PREFIX}:{namespace}:*",
-        f"{PREFIX}-head:{namespace}:*",
-        f"{PREFIX}-lock:{namespace}:*",
-    ]
-
-
-RANKER_COMMANDS = (
-    # entries, heads and locks; a lock is released by a script; a user's entries are found
-    # by SCAN (keyless: every name is listed, only the namespace's can then be touched)
-    "+get", "+set", "+unlink", "+eval", "+evalsha", "+scan",
-    # connecting and health: the handshake, the readiness PING, a cluster client's topology
-    # and command table (redis-py's CLIENT SETINFO, Redis >= 7.2, is left refused: it
-    # ignores the refusal, and naming it fails on 7.0)
-    "+auth", "+hello", "+client|setname", "+ping",
-    "+cluster|slots", "+cluster|shards", "+command",
-)  # fmt: skip
-
-
-def acl_rules(namespace: str) -> list[str]:
-    """The ``ACL SETUSER`` rules that let a ranker (and the purge Job) use the keys of cache
-    namespace ``namespace`` and nothing else: a deployment sharing a Redis with others can
-    neither read nor overwrite their entries, nor flush, configure or list anything."""
-    keys = [f"~{pattern}" for pattern in namespace_pattern(namespace)]
-    return ["resetkeys", *keys, "resetchannels", "-@all", *RANKER_COMMANDS]
 
 
 def _digest(*parts: bytes) -> bytes:

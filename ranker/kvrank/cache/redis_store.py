@@ -24,6 +24,7 @@ import enum
 import logging
 import secrets
 import threading
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,8 +40,9 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from kvrank.cache.breaker import CircuitBreaker
-from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key, namespace_pattern
+from kvrank.cache.keys import CacheKey, Head, entry_prefix, head_key
 from kvrank.cache.lock import Lock, LockState
+from kvrank_common import namespace_patterns
 
 T = TypeVar("T")
 log = logging.getLogger("kvrank.cache.redis")
@@ -318,7 +320,7 @@ async def purge_namespace(
     removed = 0
     try:
         for node in masters:
-            for pattern in namespace_pattern(namespace):
+            for pattern in namespace_patterns(namespace):
                 keys: list[bytes] = []
                 async for key in node.scan_iter(match=pattern, count=batch):
                     keys.append(key)
@@ -354,9 +356,13 @@ async def _masters(settings: RedisSettings) -> list[Any]:
         nodes = cluster.get_primaries()
     finally:
         await cluster.aclose()
-    scheme = "rediss" if settings.url.startswith("rediss") else "redis"
+    # each master as the same user (an ACL user's name is in the URL, its password apart)
+    url = urllib.parse.urlsplit(settings.url)
+    user = f"{url.username}@" if url.username else ""
     return [
-        make_client(RedisSettings(**{**base.__dict__, "url": f"{scheme}://{n.host}:{n.port}"}))
+        make_client(
+            RedisSettings(**{**base.__dict__, "url": f"{url.scheme}://{user}{n.host}:{n.port}"})
+        )
         for n in nodes
     ]
 

@@ -18,9 +18,10 @@ from kvrank.cache import (
     RedisSettings,
     RedisStore,
     TieredCache,
-    acl_rules,
     l1_and_redis,
+    purge_namespace,
 )
+from kvrank_common import acl_rules
 
 pytestmark = pytest.mark.redis
 
@@ -98,6 +99,27 @@ async def test_each_deployment_reads_only_its_own_namespace(
     finally:
         for cache in made:
             await cache.close()
+
+
+async def test_a_purge_as_the_deployments_user_removes_its_namespace_only(acl_users):
+    """The purge Job authenticates as the deployment's ACL user (its name in the URL): on a
+    Redis Cluster it reaches every master as that user, removes the retired namespace's keys
+    and leaves another deployment's alone."""
+    server, cluster = acl_users
+    retired, kept = f"{OWNERS['feed']}.v1", f"{OWNERS['ads']}.v1"
+    root = (aioredis.RedisCluster if cluster else aioredis.Redis).from_url(server.url)
+    keys = {ns: [f"kvrank:{ns}:v1:user-{i}:h8" for i in range(30)] for ns in (retired, kept)}
+    try:
+        for key in keys[retired] + keys[kept]:  # over every master's slots
+            await root.set(key, b"entry")
+        settings = RedisSettings(url_as(server, "feed"), cluster=cluster, password=PASSWORD)
+        assert await purge_namespace(settings, retired) == 30
+        with pytest.raises(NoPermissionError):  # another deployment's keys: refused
+            await purge_namespace(settings, kept)
+        assert [await root.get(key) for key in keys[retired]] == [None] * 30
+        assert [await root.get(key) for key in keys[kept]] == [b"entry"] * 30
+    finally:
+        await root.aclose()
 
 
 async def test_a_deployments_user_cannot_read_or_delete_anothers_keys(redis_server):
