@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from api_server import install_crds
 
 from kvrank.tools.processes import free_port, wait_for
 
@@ -33,7 +34,10 @@ class Operator:
 
 @contextlib.contextmanager
 def operator(cluster, ns: str, workdir: Path, *flags: str) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
-    """``kvrank-operator run`` for namespace ``ns`` only, healthy, stopped with SIGTERM."""
+    """``kvrank-operator run`` for namespace ``ns`` only, healthy, stopped with SIGTERM; the
+    RankerDeployment CRD Established first (a test run alone must not rely on another test
+    having installed it)."""
+    install_crds(cluster, [], [], ours=True)
     port, metrics_port, log = free_port(), free_port(), workdir / "operator.log"
     cmd = [
         str(Path(sys.executable).parent / "kvrank-operator"),
