@@ -175,11 +175,15 @@ def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
         async def scene() -> tuple[Any, ...]:
             first = asyncio.create_task(burst(url, bodies(1, "patient"), timeout_ms=10_000))
             await until_inflight(url, 1, "first queued")
-            leaving = burst(url, bodies(2, "leaving"), timeout_ms=10_000, give_up_s=0.2)
-            late = burst(url, bodies(2, "late"), timeout_ms=200)
+            # a second to be admitted in, whatever the machine's load (at 0.2 s a loaded
+            # machine let a deadline pass before its request was admitted)
+            sent = time.monotonic()
+            leaving = burst(url, bodies(2, "leaving"), timeout_ms=10_000, give_up_s=1.0)
+            late = burst(url, bodies(2, "late"), timeout_ms=1_000)
             queued = asyncio.gather(leaving, late)
             await until_inflight(url, 5, "all admitted")
-            await asyncio.sleep(0.4)  # the leavers gone, the late ones' deadline passed
+            # the leavers gone, the late ones' deadline passed
+            await asyncio.sleep(max(0.0, sent + 1.3 - time.monotonic()))
             gate.set()
             return (await first, *(await queued))
 
