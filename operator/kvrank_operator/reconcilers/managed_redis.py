@@ -6,7 +6,7 @@ under running pods). ``report``: the cache's health, from the StatefulSet until 
 has formed once, from then on from what the nodes say (and it heals a step, see
 :mod:`kvrank_operator.redis_cluster`); on every node it sets the ACL user the rankers and
 purge Jobs authenticate as, limited to the deployment's keys and to the commands they send
-(:func:`kvrank_common.acl_rules`): a ranker cannot flush, configure or script the cache
+(:func:`kvrank_common.acl_rules`): a ranker cannot flush, configure or list the cache
 server. An external Redis is passed through as valid.
 """
 
