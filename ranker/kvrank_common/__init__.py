@@ -44,15 +44,19 @@ CACHED_OUTCOMES = ("l1", "host", "l2", "incremental")
 
 # ------------------------------------------------------- Redis keys and their ACL user
 KEY_PREFIX = "kvrank"
-"""Every key a ranker writes starts ``kvrank:<cache namespace>:`` (an entry),
-``kvrank-head:<cache namespace>:`` (a user's latest state) or ``kvrank-lock:<cache
-namespace>:`` (a cross-pod lock)."""
+"""An entry's key: ``kvrank:<cache namespace>:<version>:<user>:<sequence hash>``."""
+HEAD_PREFIX = f"{KEY_PREFIX}-head"
+"""A user's latest state: ``kvrank-head:<cache namespace>:<version>:<user>``."""
+LOCK_PREFIX = f"{KEY_PREFIX}-lock"
+"""A cross-pod lock on making one entry: ``kvrank-lock:`` and the entry key's fields."""
+KEY_PREFIXES = (KEY_PREFIX, HEAD_PREFIX, LOCK_PREFIX)
+"""Every kind of key a ranker writes."""
 
 
 def namespace_patterns(namespace: str) -> list[str]:
     """Glob patterns (SCAN's, and an ACL's key patterns) matching every key of cache
     namespace ``namespace`` (itself a pattern where it holds ``*``)."""
-    return [f"{KEY_PREFIX}{kind}:{namespace}:*" for kind in ("", "-head", "-lock")]
+    return [f"{prefix}:{namespace}:*" for prefix in KEY_PREFIXES]
 
 
 RANKER_COMMANDS = (

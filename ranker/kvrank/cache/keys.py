@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
-from kvrank_common import KEY_PREFIX
+from kvrank_common import HEAD_PREFIX, KEY_PREFIX, LOCK_PREFIX
 
 if TYPE_CHECKING:  # keys stay importable without torch (admin tools only need names)
     from torch import Tensor
 
     from kvrank.model.contract import FeatureSpec, UserInput
 
-PREFIX = KEY_PREFIX
 _PART = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 HASH_BYTES = 16
 SEQ_HASH_PATTERN = rf"^[0-9a-f]{{{2 * HASH_BYTES}}}$"
@@ -52,12 +51,12 @@ class CacheKey:
                 raise ValueError(f"CacheKey.{name}={value!r} must match {_PART.pattern}")
 
     def to_string(self) -> str:
-        return f"{PREFIX}:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
+        return f"{KEY_PREFIX}:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
 
     @staticmethod
     def from_string(text: str) -> CacheKey:
         parts = text.split(":")
-        if len(parts) != 5 or parts[0] != PREFIX:
+        if len(parts) != 5 or parts[0] != KEY_PREFIX:
             raise ValueError(f"not a kvrank cache key: {text!r}")
         return CacheKey(*parts[1:])
 
@@ -66,7 +65,7 @@ class CacheKey:
         return head_key(self.namespace, self.model_version, self.user_id)
 
     def lock_key(self) -> str:
-        return f"{PREFIX}-lock:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
+        return f"{LOCK_PREFIX}:{self.namespace}:{self.model_version}:{self.user_id}:{self.seq_hash}"
 
 
 @dataclass(frozen=True)
@@ -95,11 +94,11 @@ class Head:
 
 def entry_prefix(namespace: str, model_version: str, user_id: str) -> str:
     """The start of every entry key of one user (for deleting all of them)."""
-    return f"{PREFIX}:{namespace}:{model_version}:{user_id}:"
+    return f"{KEY_PREFIX}:{namespace}:{model_version}:{user_id}:"
 
 
 def head_key(namespace: str, model_version: str, user_id: str) -> str:
-    return f"{PREFIX}-head:{namespace}:{model_version}:{user_id}"
+    return f"{HEAD_PREFIX}:{namespace}:{model_version}:{user_id}"
 
 
 def _digest(*parts: bytes) -> bytes:
