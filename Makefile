@@ -17,12 +17,17 @@ PHASE := scripts/phase.sh
 CLUSTER_DIR ?= $(KVRANK_CACHE)/cluster
 
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# Where `make images` names its images and `make push-images` pushes them.
+REGISTRY ?= ghcr.io/kvrank
+IMAGE_NAMES := ranker operator redis router ranker-sasrec ranker-quickstart
+# What `make push-images` writes (each image's digest) and `make release` pins the chart to.
+RELEASE_IMAGES ?= build/release-images.txt
 # The Dockerfiles' base; images/local-python-base.sh builds a stand-in where Docker Hub is unreachable.
 PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
-HELM = $$(bash e2e/localkube/build.sh)/helm
+HELM ?= $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check push-images test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind release
 
 help: ## List the targets
@@ -184,20 +189,25 @@ images: ## Build the ranker, operator, redis and router images, the example plug
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
-	  -f images/ranker/Dockerfile -t ghcr.io/kvrank/ranker:$(IMAGE_TAG) .
+	  -f images/ranker/Dockerfile -t $(REGISTRY)/ranker:$(IMAGE_TAG) .
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
-	  -f images/operator/Dockerfile -t ghcr.io/kvrank/operator:$(IMAGE_TAG) .
+	  -f images/operator/Dockerfile -t $(REGISTRY)/operator:$(IMAGE_TAG) .
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
-	  -f images/redis/Dockerfile -t ghcr.io/kvrank/redis:$(IMAGE_TAG) images/redis
+	  -f images/redis/Dockerfile -t $(REGISTRY)/redis:$(IMAGE_TAG) images/redis
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
-	  -f images/router/Dockerfile -t ghcr.io/kvrank/router:$(IMAGE_TAG) images/router
-	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
-	  -t ghcr.io/kvrank/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
-	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=ghcr.io/kvrank/ranker:$(IMAGE_TAG) \
-	  -t ghcr.io/kvrank/ranker-quickstart:$(IMAGE_TAG) images/quickstart
+	  -f images/router/Dockerfile -t $(REGISTRY)/router:$(IMAGE_TAG) images/router
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=$(REGISTRY)/ranker:$(IMAGE_TAG) \
+	  -t $(REGISTRY)/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=$(REGISTRY)/ranker:$(IMAGE_TAG) \
+	  -t $(REGISTRY)/ranker-quickstart:$(IMAGE_TAG) images/quickstart
 
-release: venv kube-bins ## dist/: the wheels (kvrank, the example plugin), the chart package and SHA256SUMS of the checked-out commit, byte-identical each time it is built
-	@PY=$(PY) HELM="$(HELM)" bash scripts/release.sh dist
+push-images: ## Push what `make images` built to REGISTRY and write each image's digest to RELEASE_IMAGES (needs `docker login` to REGISTRY)
+	@bash scripts/push-images.sh "$(REGISTRY)" "$(IMAGE_TAG)" "$(RELEASE_IMAGES)" $(IMAGE_NAMES)
+
+release: venv ## dist/: the wheels (kvrank, the example plugin), the chart package (its images pinned to their digests after `make push-images`) and SHA256SUMS of the checked-out commit, byte-identical each time it is built
+	@PY=$(PY) HELM="$(HELM)" IMAGE_TAG="$(IMAGE_TAG)" \
+	  RELEASE_IMAGES="$$([ -f "$(RELEASE_IMAGES)" ] && echo "$(RELEASE_IMAGES)")" \
+	  bash scripts/release.sh dist
 
 helm-lint: kube-bins ## helm lint the chart with every ci/ values file
 	@for f in charts/kvrank-operator/ci/*.yaml; do \

@@ -4,7 +4,8 @@
 # iptables, ipset and conntrack (kube-proxy, kube-router, the node's network fence),
 # containernetworking-plugins (the node's CNI bridge), libseccomp-dev (runc is built with
 # seccomp), and, where no Docker engine answers, docker.io (dockerd builds the images) with
-# debootstrap (the stand-in base image where Docker Hub is unreachable). Tests start and stop
+# debootstrap (the stand-in base image where Docker Hub is unreachable), and docker-registry
+# (the registry `make push-images` is tested against). Tests start and stop
 # the processes themselves.
 set -euo pipefail
 need=()
@@ -17,6 +18,7 @@ command -v conntrack >/dev/null || need+=(conntrack)
 [[ -f /usr/include/seccomp.h ]] || need+=(libseccomp-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v nsenter >/dev/null || need+=(util-linux)
+command -v docker-registry >/dev/null || need+=(docker-registry)
 if ! docker info >/dev/null 2>&1; then
   command -v dockerd >/dev/null || need+=(docker.io)
   command -v debootstrap >/dev/null || need+=(debootstrap)
