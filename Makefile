@@ -27,7 +27,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM ?= $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check push-images test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check push-images test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-triton bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind release
 
 help: ## List the targets
@@ -172,6 +172,9 @@ bench-wire: venv ## A production-size L1 hit with its history as JSON and by ref
 bench-batching: venv ## One ranker under 32 callers: one request per pass, a 2 ms window, continuous batching, side by side: reports/bench-batching.json
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_batching.py --json reports/bench-batching.json \
 	  $(if $(BATCH_BASELINE),--baseline $(BATCH_BASELINE))
+
+bench-triton: venv ## kvrank serve's front against Triton Inference Server's, the same engine behind both, side by side: reports/bench-triton-front.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_triton_front.py --json reports/bench-triton-front.json
 
 bench-cuda: venv ## Every GPU measurement in one go (minutes on one GPU): reports/cuda/*.json
 	PYTHON=$(VENV)/bin/python bash benchmarks/cuda.sh reports/cuda

@@ -190,3 +190,26 @@ def test_the_batching_benchmark_serves_every_mode_the_same_hits_and_scores() -> 
         assert s["hits_per_s"] > 0 and s["open_loop"]["requests"] > 0, name
         assert s["max_abs_dscore_vs_alone"] <= 1e-5, name
     assert len(report["sizes"]["tiny"]["rounds"]) == 2
+
+
+@pytest.mark.slow
+def test_the_front_benchmark_serves_the_same_hits_and_scores_through_triton() -> None:
+    """A short ``make bench-triton``: a real Triton Inference Server (2.51, from the
+    ``nvidia-pytriton`` wheel) with kvrank's engine as its Python-backend model answers every
+    user's v2 request, over HTTP and gRPC, as an L1 hit with ``kvrank serve``'s scores,
+    bitwise (the run fails otherwise), under closed and open loops."""
+    import argparse
+
+    from bench_triton_front import run
+
+    args = argparse.Namespace(
+        sizes="tiny", callers=4, seconds=0.5, rounds=2, users=8, candidates=5, batch=8,
+        queue_delay_us=100, protocols="http,grpc",
+    )  # fmt: skip
+    report = run(args)
+    servers = report["sizes"]["tiny"]["servers"]
+    assert set(servers) == {f"{s}/{p}" for s in ("kvrank", "triton") for p in ("http", "grpc")}
+    for name, s in servers.items():
+        assert s["hits_per_s"] > 0 and s["open_loop"]["requests"] > 0, name
+        assert s["users_compared"] == 8 and s["users_with_other_scores"] == 0, name
+    assert len(report["sizes"]["tiny"]["rounds"]) == 2
