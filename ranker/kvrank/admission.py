@@ -151,11 +151,14 @@ class Deadline:
         now = clock()
         return cls(now + ms / 1e3, clock, share=share, stated=stated, started=now)
 
-    def leave(self) -> None:
-        """The caller's connection closed: its work still queued is dropped uncomputed."""
-        if not self.caller_left:
-            self.caller_left = True
-            self.left_after_s = self.clock() - self.started
+    def leave(self) -> bool:
+        """The caller's connection closed: its work still queued is dropped uncomputed.
+        Whether this is news (``False``: it had left already)."""
+        if self.caller_left:
+            return False
+        self.caller_left = True
+        self.left_after_s = self.clock() - self.started
+        return True
 
     def left_s(self) -> float:
         return self.at - self.clock()
@@ -234,6 +237,8 @@ class AdmissionStats:
     shed: Counter[str] = field(default_factory=Counter)
     abandoned: Counter[tuple[str, str]] = field(default_factory=Counter)
     """``(reason, stage)`` → requests dropped there."""
+    left: int = 0
+    """Callers that disconnected before their answer."""
 
 
 class Admission:
@@ -335,6 +340,12 @@ class Admission:
                 self._observe_cost(ticket.model_s)
             if not deadline.stated and deadline.left_after_s is not None:
                 self.patience.observe(deadline.left_after_s + self.loop_lag_s)
+
+    def caller_left(self, deadline: Deadline) -> None:
+        """The caller of ``deadline``'s request disconnected before its answer: its work
+        still queued is dropped (see :meth:`Deadline.leave`), and it is counted."""
+        if deadline.leave():
+            self.stats.left += 1
 
     def _refuse_if_overloaded(self, deadline: Deadline) -> None:
         if self.inflight >= self.settings.max_inflight:

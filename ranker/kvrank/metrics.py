@@ -239,3 +239,11 @@ class AdmissionCollector(Collector):
             for stage in ABANDON_STAGES:
                 dropped.add_metric([*self.values, reason, stage], a.stats.abandoned[reason, stage])
         yield dropped
+        left = CounterMetricFamily(
+            "kvrank_callers_left",
+            "Scoring requests whose caller disconnected before the answer (their work still"
+            " queued is dropped: kvrank_abandoned_requests)",
+            labels=labels,
+        )
+        left.add_metric(self.values, a.stats.left)
+        yield left

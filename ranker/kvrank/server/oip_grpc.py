@@ -174,7 +174,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         def left_us(_: Any) -> None:
             if context.cancelled():
-                deadline.leave()
+                svc.admission.caller_left(deadline)
 
         context.add_done_callback(left_us)
         return deadline

@@ -144,14 +144,19 @@ def screen(state: AppState, headers: Headers) -> Deadline | None:
 
 
 @contextlib.asynccontextmanager
-async def _caller_watched(request: Request, deadline: Deadline) -> AsyncIterator[None]:
+async def caller_watched(
+    request: Request, svc: RankingService, deadline: Deadline | None
+) -> AsyncIterator[None]:
     """While the block runs, a caller that disconnects marks the deadline: its work still
-    queued is dropped, never computed (the ASGI server says so on ``receive``)."""
+    queued is dropped, never computed (the ASGI server says so on ``receive``); it is
+    counted (``kvrank_callers_left_total``). ``None``: the service's default deadline, made
+    later, which nothing marks."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        deadline.leave()
+        if deadline is not None:
+            svc.admission.caller_left(deadline)
 
     watcher = asyncio.create_task(watch())
     try:
@@ -170,7 +175,7 @@ async def score(request: Request, state: State) -> Response:
     header = if_match(request.headers.get(IF_MATCH))
     inputs = _inputs(body, user_id, by_reference(body, svc.features, header), header, svc)
     whole = inputs.user is not None
-    async with _caller_watched(request, deadline):
+    async with caller_watched(request, svc, deadline):
         result = await score_inputs(svc, inputs, deadline, "json")
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()

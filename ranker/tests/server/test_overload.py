@@ -22,10 +22,13 @@ import pytest
 import uvicorn
 
 from kvrank.admission import TIMEOUT_HEADER
+from kvrank.model.artifact import load_ranker
+from kvrank.model.contract import FeatureSpec
 from kvrank.server.app import create_app
 from kvrank.server.config import load_config
 from kvrank.server.protocol import screening_protocol
 from kvrank.server.wiring import build_service
+from kvrank.tools.callers import MODEL_NAME, encode
 from kvrank.tools.processes import free_port, samples, wait_for
 
 ENCODE_S = 0.1
@@ -89,17 +92,29 @@ def encodes(url: str) -> float:
 
 
 async def burst(
-    url: str, bodies: list[dict[str, Any]], timeout_ms: int | None, give_up_s: float = 30.0
+    url: str,
+    bodies: list[dict[str, Any]],
+    timeout_ms: int | None,
+    give_up_s: float = 30.0,
+    v2_spec: FeatureSpec | None = None,
 ) -> list[httpx.Response | str]:
     """All of ``bodies`` at once, each with the deadline header (``None``: without one); a
-    caller that gives up after ``give_up_s`` closes its connection (``"gave up"``)."""
+    caller that gives up after ``give_up_s`` closes its connection (``"gave up"``). With
+    ``v2_spec`` (the model's features), sent by the v2 protocol, binary tensors."""
     limits = httpx.Limits(max_connections=len(bodies) + 4)
     headers = {} if timeout_ms is None else {TIMEOUT_HEADER: str(timeout_ms)}
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=give_up_s) as client:
 
         async def one(body: dict[str, Any]) -> httpx.Response | str:
             try:
-                return await client.post("/v1/score", json=body, headers=headers)
+                if v2_spec is None:
+                    return await client.post("/v1/score", json=body, headers=headers)
+                sent = encode(body, "v2-http", v2_spec)
+                return await client.post(
+                    f"/v2/models/{MODEL_NAME}/infer",
+                    content=sent.whole,
+                    headers={**headers, **sent.headers},
+                )
             except httpx.TimeoutException:
                 return "gave up"
 
@@ -167,29 +182,41 @@ def test_a_spike_is_shed_at_once_and_what_is_admitted_is_answered_in_time(
         assert httpx.post(f"{url}/v1/score", json=warm).status_code == 200  # and it recovers
 
 
+@pytest.mark.parametrize("leavers", ["json", "v2-http"])
 def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
-    artifact, bodies, gate
+    artifact, bodies, gate, leavers
 ) -> None:
+    """Behind a held model thread: two callers hang up (by the JSON API or the v2 protocol)
+    and two callers' deadlines pass while their work is queued. Once the pod has seen both
+    leave and the deadlines are past (each waited for, not timed), the thread is let go: it
+    computes the first caller's work only."""
+    spec = load_ranker(artifact).features if leavers == "v2-http" else None
     with serving(artifact, gate.wait) as url:  # the model thread held by the first encode
 
         async def scene() -> tuple[Any, ...]:
             first = asyncio.create_task(burst(url, bodies(1, "patient"), timeout_ms=10_000))
             await until_inflight(url, 1, "first queued")
-            # a second to be admitted in, whatever the machine's load (at 0.2 s a loaded
-            # machine let a deadline pass before its request was admitted)
-            sent = time.monotonic()
-            leaving = burst(url, bodies(2, "leaving"), timeout_ms=10_000, give_up_s=1.0)
-            late = burst(url, bodies(2, "late"), timeout_ms=1_000)
-            queued = asyncio.gather(leaving, late)
+            leaving = asyncio.create_task(
+                burst(url, bodies(2, "leaving"), timeout_ms=10_000, v2_spec=spec)
+            )
+            late = asyncio.create_task(burst(url, bodies(2, "late"), timeout_ms=1_000))
             await until_inflight(url, 5, "all admitted")
-            # the leavers gone, the late ones' deadline passed
-            await asyncio.sleep(max(0.0, sent + 1.3 - time.monotonic()))
+            admitted = time.monotonic()  # every deadline was counted from before this
+            leaving.cancel()  # the leavers hang up, closing their connections
+            await asyncio.gather(leaving, return_exceptions=True)
+            await asyncio.to_thread(
+                wait_for,
+                lambda: metric(url, "kvrank_callers_left_total") == 2,
+                "the pod to see both leavers leave",
+                10,
+                interval=0.02,
+            )
+            await asyncio.sleep(max(0.0, admitted + 1.05 - time.monotonic()))  # late: past
             gate.set()
-            return (await first, *(await queued))
+            return await first, await late
 
-        patient, leaving, late = asyncio.run(scene())
+        patient, late = asyncio.run(scene())
         assert status_counts(patient) == {200: 1}
-        assert status_counts(leaving) == {"gave up": 2}
         assert status_counts(late) == {504: 2}, [a.text for a in late]  # type: ignore[union-attr]
         dropped = {"reason": "disconnected", "stage": "encode"}
         wait_for(  # the model thread reaches the leavers' work after the late ones' answers
@@ -199,6 +226,7 @@ def test_work_for_callers_that_left_or_whose_deadline_passed_is_never_computed(
             interval=0.02,
         )
         assert metric(url, "kvrank_abandoned_requests_total", reason="deadline") == 2
+        assert metric(url, "kvrank_callers_left_total") == 2
         assert encodes(url) == 1  # the patient caller's only
 
 
