@@ -20,8 +20,9 @@ contents), every user's entry is made first, so every measured answer is an L1 h
 round, each server in turn (each first in turn) gets ``--callers`` closed-loop callers
 (aiohttp or grpc.aio, bodies encoded beforehand) for ``--seconds``: answered hits per
 second, client p50/p99, and requests per batch (``kvrank serve``'s scoring passes; the
-batches Triton's batcher handed the model, whose requests the engine may pass together). Then per server the idle hit (one caller, p50) and an open loop
-at 80 % of that server's median capacity (client p99). Each user's scores must be the same
+batches Triton's batcher handed the model, whose requests the engine may pass together).
+Then per server the idle hit (one caller, p50) and an open loop at 80 % of that server's
+median capacity (client p99). Each user's scores must be the same
 bits by every server and protocol (the same engine), and every answer an L1 hit with
 status 200 (the run fails otherwise). Prints a table and writes JSON; ``make bench-triton``
 runs it.
