@@ -64,8 +64,8 @@ from kvrank.metrics import INFER_METHOD
 from kvrank.model.artifact import load_ranker, save_model
 from kvrank.model.config import QUICK, TINY, ModelConfig
 from kvrank.model.ranker import RankerModel
-from kvrank.server.oip import HEADER_LENGTH, USER_ID, input_metadata, pack_strings, tensors
-from kvrank.tools.callers import MODEL_NAME
+from kvrank.server.oip import HEADER_LENGTH, USER_ID, input_metadata, tensors
+from kvrank.tools.callers import MODEL_NAME, grpc_request, http_request
 from kvrank.tools.overload import request_pool
 from kvrank.tools.processes import free_port, wait_for
 
@@ -234,35 +234,6 @@ def triton_arrays(spec: Any, body: dict[str, Any]) -> list[tuple[str, str, np.nd
     return out
 
 
-def http_request(arrays: list[tuple[str, str, np.ndarray]]) -> tuple[bytes, dict[str, str]]:
-    """A v2 HTTP body with binary tensors in and out (every output binary)."""
-    inputs, blobs = [], []
-    for name, kind, array in arrays:
-        blob = raw(kind, array)
-        params = {"binary_data_size": len(blob)}
-        inputs.append(
-            {"name": name, "datatype": kind, "shape": list(array.shape), "parameters": params}
-        )
-        blobs.append(blob)
-    head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
-    return head + b"".join(blobs), {HEADER_LENGTH: str(len(head))}
-
-
-def grpc_request(model: str, arrays: list[tuple[str, str, np.ndarray]]) -> bytes:
-    """A serialized ``ModelInferRequest`` with raw input contents."""
-    request = pb.ModelInferRequest(model_name=model)
-    for name, kind, array in arrays:
-        request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
-        request.raw_input_contents.append(raw(kind, array))
-    return bytes(request.SerializeToString())
-
-
-def raw(kind: str, array: np.ndarray) -> bytes:
-    if kind == "BYTES":
-        return pack_strings(array.ravel())
-    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-
-
 # ---------------------------------------------------------------------- requests
 def http_answer(body: bytes, header_length: str | None) -> tuple[str, np.ndarray]:
     """A binary v2 HTTP answer's cache outcome and scores."""
@@ -417,20 +388,20 @@ def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 targets["triton/http"] = Target(
                     f"{triton_at.http}/v2/models/{TRITON_MODEL}/infer",
                     "http",
-                    [http_request(a) for a in triton_arrays_],
+                    [http_request(a, ("scores", OUTCOME)) for a in triton_arrays_],
                     triton_batches(triton_at.http),
                 )
             elif protocol == "grpc":
                 targets["kvrank/grpc"] = Target(
                     f"127.0.0.1:{ours_grpc}",
                     "grpc",
-                    [(grpc_request(MODEL_NAME, a), {}) for a in ours_arrays],
+                    [(grpc_request(a), {}) for a in ours_arrays],
                     ours_passes,
                 )
                 targets["triton/grpc"] = Target(
                     triton_at.grpc,
                     "grpc",
-                    [(grpc_request(TRITON_MODEL, a), {}) for a in triton_arrays_],
+                    [(grpc_request(a, TRITON_MODEL), {}) for a in triton_arrays_],
                     triton_batches(triton_at.http),
                 )
             else:

@@ -77,31 +77,42 @@ def encode(body: dict[str, Any], protocol: str, spec: FeatureSpec | None = None)
     if protocol == "v2-grpc":
         return Encoded(grpc_request(arrays))
     if protocol == "v2-http":
-        inputs, blobs = [], []
-        for name, kind, array in arrays:
-            blob = _raw(kind, array)
-            params = {"binary_data_size": len(blob)}
-            inputs.append(
-                {"name": name, "datatype": kind, "shape": list(array.shape), "parameters": params}
-            )
-            blobs.append(blob)
-        outputs = [{"name": "scores", "parameters": {"binary_data": True}}]
-        head = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
-        return Encoded(head + b"".join(blobs), {HEADER_LENGTH: str(len(head))})
+        whole, headers = http_request(arrays)
+        return Encoded(whole, headers)
     raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
 
 
-def grpc_request(arrays: list[tuple[str, str, np.ndarray]]) -> bytes:
+def http_request(
+    arrays: list[tuple[str, str, np.ndarray]], outputs: tuple[str, ...] = ("scores",)
+) -> tuple[bytes, dict[str, str]]:
+    """A v2 HTTP body of the ``(name, datatype, values)`` tensors as binary data, asking
+    for ``outputs`` as binary data too, and the header that says where its JSON ends."""
+    inputs, blobs = [], []
+    for name, kind, array in arrays:
+        blob = raw_contents(kind, array)
+        params = {"binary_data_size": len(blob)}
+        inputs.append(
+            {"name": name, "datatype": kind, "shape": list(array.shape), "parameters": params}
+        )
+        blobs.append(blob)
+    wanted = [{"name": n, "parameters": {"binary_data": True}} for n in outputs]
+    head = json.dumps({"inputs": inputs, "outputs": wanted}).encode()
+    return head + b"".join(blobs), {HEADER_LENGTH: str(len(head))}
+
+
+def grpc_request(arrays: list[tuple[str, str, np.ndarray]], model: str = MODEL_NAME) -> bytes:
     """A ``ModelInferRequest`` of the ``(name, datatype, values)`` tensors with raw
-    contents, serialized: what ``tritonclient.grpc`` sends."""
-    request = pb.ModelInferRequest(model_name=MODEL_NAME)
+    contents, serialized: what ``tritonclient.grpc`` sends (to ``model``)."""
+    request = pb.ModelInferRequest(model_name=model)
     for name, kind, array in arrays:
         request.inputs.add(name=name, datatype=kind, shape=list(array.shape))
-        request.raw_input_contents.append(_raw(kind, array))
+        request.raw_input_contents.append(raw_contents(kind, array))
     return bytes(request.SerializeToString())
 
 
-def _raw(kind: str, array: np.ndarray) -> bytes:
+def raw_contents(kind: str, array: np.ndarray) -> bytes:
+    """A tensor's values as v2 binary data carries them (little-endian; BYTES
+    length-prefixed)."""
     if kind == "BYTES":
         return pack_strings(array.ravel())
     return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
