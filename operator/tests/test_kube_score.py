@@ -81,6 +81,7 @@ def test_an_ignored_check_is_not_reported_and_each_ignore_says_why(tools, tmp_pa
     )
 
 
+@pytest.mark.slow
 def test_an_ignore_with_only_holds_for_the_manifests_it_names(tools, tmp_path) -> None:
     """The OpenShift values leave uids to the platform (the check is off there alone): the
     same finding in any other manifest still fails."""

@@ -94,6 +94,7 @@ def test_a_master_back_empty_takes_its_slots_back(nodes: list[RedisServer]) -> N
     assert nodes[0].cli("-c", "set", "after-heal", "1").stdout.strip() == "OK"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [6], indirect=True)
 def test_a_node_back_empty_rejoins_as_a_replica(nodes: list[RedisServer]) -> None:
     assert run_bootstrap(bootstrap_script(1), nodes, PASSWORD).returncode == 0
@@ -114,6 +115,7 @@ def test_a_node_back_empty_rejoins_as_a_replica(nodes: list[RedisServer]) -> Non
         assert old_id not in n.cli("cluster", "nodes").stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [3], indirect=True)
 def test_a_node_that_does_not_answer_is_reported_not_healed_around(
     nodes: list[RedisServer],

@@ -138,6 +138,7 @@ def _endpoint(
     return PrometheusEndpoint(guard.url, token_file, guard.ca_file if ca else None, dict([TENANT]))
 
 
+@pytest.mark.slow
 def test_the_ttl_source_measures_through_tls_a_token_and_a_tenant(
     guarded: Guarded, tmp_path: Path
 ) -> None:

@@ -392,6 +392,7 @@ def series(url: str, query: str) -> list[dict[str, Any]]:
         return list(json.loads(r.read())["data"]["result"])
 
 
+@pytest.mark.slow
 def test_a_prometheus_window_counts_what_the_pods_did_in_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The queries the operator sends, against a real Prometheus scraping the rankers' own
     metric objects with the target labels a PodMonitor gives them."""

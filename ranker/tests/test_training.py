@@ -62,6 +62,7 @@ def test_synthetic_world_is_deterministic() -> None:
     assert a.activity == b.activity
 
 
+@pytest.mark.slow
 def test_kvrank_train_reports_the_int8_cost_and_rejects_unknown_profiles(tmp_path) -> None:
     from typer.testing import CliRunner
 

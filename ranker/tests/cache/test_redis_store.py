@@ -91,6 +91,7 @@ async def test_a_cluster_that_cannot_be_reached_at_all_is_a_miss(spawn_redis, re
         await store.close()
 
 
+@pytest.mark.slow
 @READS
 async def test_a_cluster_node_outage_is_a_miss_and_reads_heal_after_it_rejoins(
     tmp_path, reads

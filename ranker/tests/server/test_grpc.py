@@ -155,6 +155,7 @@ def test_a_replay_by_the_v2_protocols_reads_each_answer_as_the_json_replay_does(
     assert server.metric("kvrank_requests_total", protocol="json") == 0
 
 
+@pytest.mark.slow
 def test_example_requests_grpc_form_is_scored_as_its_json_form(
     grpc_server, artifact, kvrank_cli
 ) -> None:

@@ -141,6 +141,7 @@ def test_kvrank_serve_runs_the_plugin_and_reports_its_device(spawn_server, sasre
     assert pod.metric("kvrank_model_info", device="cpu") == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["built-in", "plugin"])
 def test_example_request_prints_a_body_the_model_scores(
     which: str, make_client, artifact, sasrec_artifact, kvrank_cli
