@@ -244,14 +244,20 @@ def show(report: dict[str, Any]) -> None:
     Console(width=120).print(table)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def load_arguments(p: argparse.ArgumentParser) -> None:
+    """The load both one-pod benchmarks put on their servers: model sizes, closed-loop
+    callers, seconds and rounds of it, users warmed into L1, candidates per request."""
     p.add_argument("--sizes", default="tiny,quick")
     p.add_argument("--callers", type=int, default=32)
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--users", type=int, default=64)
     p.add_argument("--candidates", type=int, default=100)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    load_arguments(p)
     p.add_argument("--baseline", help="a commit whose ranker/ tree is served beside")
     p.add_argument("--json", type=Path, default=Path("reports/bench-batching.json"))
     args = p.parse_args()

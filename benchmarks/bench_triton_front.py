@@ -54,6 +54,7 @@ import aiohttp
 import grpc
 import numpy as np
 import torch
+from bench_batching import OPEN_LOAD, SIZES, load_arguments, passes, percentiles
 from bench_wire import start
 from rich.console import Console
 from rich.table import Table
@@ -62,7 +63,6 @@ from tritonclient.grpc import service_pb2 as pb
 
 from kvrank.metrics import INFER_METHOD
 from kvrank.model.artifact import load_ranker, save_model
-from kvrank.model.config import QUICK, TINY, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.server.oip import HEADER_LENGTH, USER_ID, input_metadata, tensors
 from kvrank.tools.callers import MODEL_NAME, grpc_request, http_request
@@ -70,9 +70,6 @@ from kvrank.tools.overload import request_pool
 from kvrank.tools.processes import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES: dict[str, ModelConfig] = {"tiny": TINY, "quick": QUICK}
-OPEN_LOAD = 0.8
-"""The open loop's rate, as a share of the server's median closed-loop capacity."""
 TRITON_MODEL = "kvrank"
 
 
@@ -341,14 +338,6 @@ async def each(target: Target, hit: bool) -> tuple[list[float], list[np.ndarray]
     return [ms for ms, _ in done], [scores for _, scores in done]
 
 
-def percentiles(latencies: list[float]) -> dict[str, float]:
-    return {
-        "requests": len(latencies),
-        "p50_ms": float(np.percentile(latencies, 50)),
-        "p99_ms": float(np.percentile(latencies, 99)),
-    }
-
-
 # ----------------------------------------------------------------------- the run
 def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     torch.manual_seed(0)
@@ -370,10 +359,7 @@ def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ours_arrays = [tensors(spec, b) for b in bodies]
 
         def ours_passes() -> tuple[float, float]:
-            return (
-                ours.metric("kvrank_batch_requests_count"),
-                ours.metric("kvrank_batch_requests_sum"),
-            )
+            return passes(ours)
 
         triton_arrays_ = [triton_arrays(spec, b) for b in bodies]
         targets: dict[str, Target] = {}
@@ -485,12 +471,7 @@ def show(report: dict[str, Any]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="tiny,quick")
-    p.add_argument("--callers", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=6.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--users", type=int, default=64)
-    p.add_argument("--candidates", type=int, default=100)
+    load_arguments(p)
     p.add_argument("--protocols", default="http,grpc", help="v2 over http, grpc or both")
     p.add_argument("--batch", type=int, default=32, help="Triton's max_batch_size")
     p.add_argument("--queue-delay-us", type=int, default=100, help="Triton's batcher's wait")
