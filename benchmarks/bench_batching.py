@@ -9,6 +9,8 @@ an hour's TTL, 1 GiB of L1) that differ only in how they score concurrent reques
 - ``window``: micro-batching with a 2 ms window (``microbatch_ms=2``: what a user tuned
   before; queued scores share passes too);
 - ``continuous``: the default — the scores queued while the model is busy share one pass;
+- ``fronts``: the same with ``--fronts`` (2) front processes parsing requests for an engine
+  process that owns the model (``fronts: N``; 0 leaves it out);
 - with ``--baseline REV``, ``baseline``: that commit's ``ranker/`` tree with its defaults.
 
 Every user's entry is made first (its miss), so every measured answer is an L1 hit. Each
@@ -55,6 +57,8 @@ MODES: dict[str, dict[str, str]] = {
     "window": {"KVRANK_MICROBATCH_MS": "2"},
     "continuous": {},
 }
+FRONTS = "fronts"
+"""The continuous server as an engine and ``--fronts`` front processes."""
 BASELINE = "baseline"
 """The server of ``--baseline``'s tree (its defaults)."""
 SCORE_TOLERANCE = 1e-5
@@ -148,6 +152,8 @@ def size_run(size: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for i in range(args.users)
     ]
     modes = dict(MODES)
+    if args.fronts:
+        modes[FRONTS] = {"KVRANK_FRONTS": str(args.fronts)}
     with contextlib.ExitStack() as running:
         tree = baseline_tree(args.baseline, work) if args.baseline else None
         rankers: dict[str, RankerProcess] = {}
@@ -258,6 +264,7 @@ def load_arguments(p: argparse.ArgumentParser) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     load_arguments(p)
+    p.add_argument("--fronts", type=int, default=2, help="front processes of the fronts server")
     p.add_argument("--baseline", help="a commit whose ranker/ tree is served beside")
     p.add_argument("--json", type=Path, default=Path("reports/bench-batching.json"))
     args = p.parse_args()

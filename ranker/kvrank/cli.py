@@ -235,6 +235,13 @@ def serve(
         typer.Option(help="Serve without K/V cache (the C full sequences batched; the baseline)."),
     ] = False,
     plugin: Annotated[str | None, typer.Option(help=PLUGIN_HELP)] = None,
+    fronts: Annotated[
+        int | None,
+        typer.Option(
+            help="N: an engine process owns the model and the cache, N front processes parse"
+            " requests (0: one process does all)."
+        ),
+    ] = None,
 ) -> None:
     """Run the scoring server (FastAPI, two-level cache). Options override KVRANK_* env."""
     from kvrank.server.process import serve as serve_app
@@ -251,6 +258,7 @@ def serve(
         "torch_threads": torch_threads,
         "cache_mode": "full" if no_cache else None,
         "plugin": plugin,
+        "fronts": fronts,
     }
     if redis:
         overrides["redis"] = {"url": redis, "cluster": redis_cluster}

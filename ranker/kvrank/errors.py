@@ -97,6 +97,7 @@ class HistoryRequired(KvrankError):
     def __init__(self, field: str, seq_hash: str, why: str | None = None) -> None:
         why = why or f"no cached entry of this user under {field} {seq_hash!r}"
         super().__init__(f"history_required: {why}; send the request again with its events")
+        self.why = why
         self.field = field
         self.seq_hash = seq_hash
 

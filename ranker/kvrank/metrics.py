@@ -62,6 +62,9 @@ class Metrics:
     version: str
     namespace: str
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    readers: CollectorRegistry = field(default_factory=CollectorRegistry)
+    """The collectors read at scrape time (not the counters and histograms): what an
+    engine apart from its fronts answers a scrape with (see :mod:`kvrank.engine`)."""
     device: str = "cpu"
     """The torch device the model computes on (``kvrank_model_info``'s label)."""
 
@@ -69,7 +72,7 @@ class Metrics:
         names, values = list(CONSTANT_LABELS), (self.version, self.namespace)
         r = self.registry
         for runtime in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            r.register(runtime)  # CPU, memory, open files, GC: the process's own health
+            self.add_reader(runtime)  # CPU, memory, open files, GC: the process's own health
         stage = Histogram(
             "kvrank_stage_seconds",
             "Latency per stage of a scoring request (the whole: kvrank_request_seconds)",
@@ -95,12 +98,14 @@ class Metrics:
             " kvrank_requests_total)",
             names,
             registry=r,
+            multiprocess_mode="mostrecent",  # the engine's (see kvrank.engine)
         ).labels(*values)
         Gauge(
             "kvrank_model_info",
             "The model being served (always 1); its device says whether a GPU computes",
             [*names, "device"],
             registry=r,
+            multiprocess_mode="max",
         ).labels(*values, self.device).set(1)
         self.queue_wait = Histogram(
             "kvrank_model_queue_wait_seconds",
@@ -173,9 +178,14 @@ class Metrics:
         """``(route, code)`` → its counter: ``labels()`` takes a lock and checks every value
         each call, on every answer (a shed one too); routes × codes are few."""
 
+    def add_reader(self, collector: Collector) -> None:
+        """Export what ``collector`` reads at scrape time."""
+        self.registry.register(collector)
+        self.readers.register(collector)
+
     def watch_admission(self, admission: Admission, queue_depth: Callable[[], int]) -> None:
         """Export admission control's state (read at scrape time)."""
-        self.registry.register(AdmissionCollector(admission, queue_depth, list(self._values)))
+        self.add_reader(AdmissionCollector(admission, queue_depth, list(self._values)))
 
     def observe_response(self, route: str, code: int) -> None:
         child = self._response_children.get((route, code))

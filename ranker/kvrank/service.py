@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
 import torch
+from prometheus_client import generate_latest
 from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
@@ -108,6 +109,74 @@ class ScoreResult:
     """How many events that history had (``None``: sent by reference)."""
 
 
+class ServedModel(Protocol):
+    """What the serving process reads of the model it serves."""
+
+    @property
+    def version(self) -> str: ...
+    @property
+    def device(self) -> torch.device: ...
+
+
+class CacheControl(Protocol):
+    """What the serving process reads and sets of the cache."""
+
+    @property
+    def l1_budget_bytes(self) -> int: ...
+    def set_secrets(self, secrets: Sequence[bytes]) -> None: ...
+
+
+class Service(Protocol):
+    """What the routes call: a :class:`RankingService` in the serving process, or a front's
+    :class:`~kvrank.engine.remote.RemoteService` handing the work to the engine."""
+
+    @property
+    def model(self) -> ServedModel: ...
+    @property
+    def features(self) -> FeatureSpec: ...
+    @property
+    def cache(self) -> CacheControl: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def admission(self) -> Admission: ...
+    def deadline(self, timeout_ms: float | None = None) -> Deadline: ...
+    async def score(
+        self,
+        user_id: str,
+        user: UserInput,
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+        protocol: str = "json",
+    ) -> ScoreResult: ...
+    async def score_by_reference(
+        self,
+        user_id: str,
+        seq_hash: str,
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+        field: str = "seq_hash",
+        protocol: str = "json",
+    ) -> ScoreResult: ...
+    async def score_since(
+        self,
+        user_id: str,
+        since: str,
+        events: Mapping[str, Tensor],
+        cands: CandidateInput,
+        deadline: Deadline | None = None,
+        protocol: str = "json",
+        field: str = "events_since.seq_hash",
+    ) -> ScoreResult: ...
+    def prefetch(self, user_id: str, user: UserInput) -> Coroutine[None, None, Outcome]: ...
+    async def invalidate_user(self, user_id: str) -> int: ...
+    def set_ttl(self, settings: TTLSettings) -> None: ...
+    async def ttl_in_force(self) -> tuple[TTLSettings, float]: ...
+    async def exposition(self) -> bytes: ...
+    async def warm_up(self) -> None: ...
+    async def close(self) -> None: ...
+
+
 class RankingService:
     def __init__(
         self,
@@ -165,6 +234,14 @@ class RankingService:
     def current_ttl(self) -> float:
         """The TTL a new entry gets now (measured or fixed), before jitter."""
         return self.cache.ttl.current()
+
+    async def ttl_in_force(self) -> tuple[TTLSettings, float]:
+        """The TTL policy and the TTL a new entry gets now."""
+        return self.ttl_settings, self.current_ttl()
+
+    async def exposition(self) -> bytes:
+        """The service's metrics in Prometheus' text format."""
+        return generate_latest(self.metrics.registry)
 
     async def invalidate_user(self, user_id: str) -> int:
         """Drop every cached entry of ``user_id`` (both tiers); how many were removed."""

@@ -172,19 +172,20 @@ def test_the_wire_benchmark_sends_each_hit_both_ways_with_the_same_scores() -> N
 @pytest.mark.slow
 def test_the_batching_benchmark_serves_every_mode_the_same_hits_and_scores() -> None:
     """A short ``make bench-batching``: each server (one request per pass, a window,
-    continuous batching, and a baseline commit's tree: here HEAD's own) answers only L1 hits
-    with the scores of the one-at-a-time server (the run fails otherwise), and the one that
-    may batch nothing scored one request per pass."""
+    continuous batching, an engine with two fronts, and a baseline commit's tree: here
+    HEAD's own) answers only L1 hits with the scores of the one-at-a-time server (the run
+    fails otherwise), and the one that may batch nothing scored one request per pass."""
     import argparse
 
-    from bench_batching import BASELINE, MODES, run
+    from bench_batching import BASELINE, FRONTS, MODES, run
 
     args = argparse.Namespace(
-        sizes="tiny", callers=4, seconds=0.5, rounds=2, users=8, candidates=5, baseline="HEAD"
-    )
+        sizes="tiny", callers=4, seconds=0.5, rounds=2, users=8, candidates=5, baseline="HEAD",
+        fronts=2,
+    )  # fmt: skip
     report = run(args)
     servers = report["sizes"]["tiny"]["servers"]
-    assert set(servers) == {*MODES, BASELINE}
+    assert set(servers) == {*MODES, FRONTS, BASELINE}
     assert servers["alone"]["requests_per_pass"] == 1.0
     for name, s in servers.items():
         assert s["hits_per_s"] > 0 and s["open_loop"]["requests"] > 0, name

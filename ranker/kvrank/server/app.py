@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI
 
@@ -31,11 +31,17 @@ from kvrank.server.schemas import prefetch_model, request_model, strict_body
 from kvrank.server.shadow import ShadowMirror
 from kvrank.server.state import AppState
 from kvrank.server.wiring import build_service
-from kvrank.service import RankingService
+from kvrank.service import Service
 
 
-def create_app(cfg: ServerConfig, service: RankingService | None = None) -> FastAPI:
-    state = AppState(cfg, service)
+def create_app(
+    cfg: ServerConfig,
+    service: Service | None = None,
+    connect: Callable[[], Awaitable[Service]] | None = None,
+) -> FastAPI:
+    """The app of ``service``; else of the one ``connect`` gets at startup (a front's, see
+    :mod:`kvrank.engine`); else of one built from ``cfg`` at startup."""
+    state = AppState(cfg, service, connect)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,6 +72,8 @@ def create_app(cfg: ServerConfig, service: RankingService | None = None) -> Fast
 async def _running(state: AppState) -> AsyncIterator[None]:
     """From a built, warmed-up service to ready; on exit, drained and closed."""
     ticker = asyncio.create_task(probes.tick(state))  # liveness, from loading on
+    if state.service is None and state.connect is not None:
+        state.service = await state.connect()
     if state.service is None:
         try:  # on the model thread: loading runs torch too (see kvrank.runner)
             loop = asyncio.get_running_loop()

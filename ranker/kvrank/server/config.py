@@ -235,6 +235,20 @@ class ServerConfig(BaseSettings):
         description="Set: the Open Inference Protocol's gRPC service"
         " (inference.GRPCInferenceService) on this port, beside the HTTP API. Unset: none.",
     )
+    fronts: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="0: one process serves (HTTP, parsing and the model share one"
+        " interpreter). N: an engine process owns the model, the cache and admission control,"
+        " and N front processes share the ports, parse and validate requests and hand the"
+        " engine tensors over a Unix socket in `run_dir`.",
+    )
+    run_dir: str | None = Field(
+        None,
+        description="With fronts: where the engine's socket and the processes' metrics files"
+        " live (a fresh directory under the system's temporary one when unset).",
+    )
     config_file: str | None = None
     log: LogConfig = Field(default_factory=LogConfig)
     shadow: ShadowConfig = Field(

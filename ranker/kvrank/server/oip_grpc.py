@@ -45,7 +45,7 @@ from kvrank.server import oip
 from kvrank.server.edge import AccessRecord, access_line
 from kvrank.server.routes import check_routing_key, model_refusal, score_inputs
 from kvrank.server.state import AppState
-from kvrank.service import RankingService, ScoreResult
+from kvrank.service import ScoreResult, Service
 
 _CONTENTS = {"INT64": "int64_contents", "FP32": "fp32_contents"}
 HTTP_EQUIVALENT = {
@@ -164,7 +164,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         status, message = refusal
         return Refused(_GRPC_STATUS[status], message)
 
-    def _deadline(self, svc: RankingService, context: Any) -> Deadline:
+    def _deadline(self, svc: Service, context: Any) -> Deadline:
         """The caller's gRPC deadline (else the configured default), admitted on what is
         known so far; a caller that cancels marks it, so its queued work is dropped."""
         left = context.time_remaining()
@@ -218,7 +218,7 @@ def _parts(request: Any) -> tuple[dict[str, Any], memoryview]:
     return {"inputs": inputs}, memoryview(b"".join(binary))
 
 
-def _answer(request: Any, svc: RankingService, result: ScoreResult) -> Any:
+def _answer(request: Any, svc: Service, result: ScoreResult) -> Any:
     scores = np.ascontiguousarray(result.scores.cpu().numpy(), dtype="<f4")
     params = {"cache": pb.InferParameter(string_param=result.outcome.value)}
     if result.seq_hash:

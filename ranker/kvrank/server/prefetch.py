@@ -17,7 +17,7 @@ from collections.abc import Coroutine
 
 from kvrank.cache import Outcome
 from kvrank.model.contract import UserInput
-from kvrank.service import RankingService
+from kvrank.service import Service
 
 log = logging.getLogger("kvrank.server")
 
@@ -30,7 +30,7 @@ class Prefetches:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def offer(self, service: RankingService, user_id: str, user: UserInput) -> bool:
+    def offer(self, service: Service, user_id: str, user: UserInput) -> bool:
         """Start making ``user``'s entry; ``False`` (dropped) when ``limit`` are in flight
         or the pod has no model time to spare. ``InputError`` for a bad ``user``, whether
         or not it would be dropped: that much the caller hears."""
@@ -48,7 +48,7 @@ class Prefetches:
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _run(self, service: RankingService, work: Coroutine[None, None, Outcome]) -> None:
+    async def _run(self, service: Service, work: Coroutine[None, None, Outcome]) -> None:
         try:
             await work
         except Exception as exc:  # the caller had its 202: counted and logged, never raised

@@ -27,6 +27,7 @@ import http.server
 import json
 import threading
 import time
+from typing import Protocol
 
 from kvrank.server.state import AppState
 
@@ -37,13 +38,26 @@ async def tick(state: AppState) -> None:
     """Runs for the server's life on the event loop: the progress ``/healthz`` reads."""
     while True:
         state.loop_seen = time.monotonic()
+        if state.beat is not None:
+            state.beat(state.loop_seen)
         await asyncio.sleep(TICK_S)
+
+
+class Probed(Protocol):
+    """What the probes read: an app's state, or a pod's processes together."""
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def serving_since(self) -> float | None: ...
+    @property
+    def loop_seen(self) -> float: ...
 
 
 class ProbeServer:
     """``/healthz`` and ``/readyz`` on ``host:port``, served by a daemon thread."""
 
-    def __init__(self, state: AppState, host: str, port: int, stall_s: float) -> None:
+    def __init__(self, state: Probed, host: str, port: int, stall_s: float) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/readyz":

@@ -15,6 +15,7 @@ import gc
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -41,11 +42,15 @@ class DrainingServer(uvicorn.Server):
         self.app = app
         self.drain_delay_s = drain_delay_s
         self.draining = False
+        self.on_started: Callable[[], None] | None = None
+        """Called once the app has started and the server listens."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the app's startup: model built, warmed up
         if not self.should_exit:
             settle_heap()
+            if self.on_started is not None:
+                self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.draining or self.drain_delay_s <= 0:
@@ -61,10 +66,46 @@ class DrainingServer(uvicorn.Server):
 
 def serve(cfg: ServerConfig) -> None:
     """One server, one app; a second listening socket when admin endpoints have their own
-    port (the app tells the two apart by the port a request arrived on)."""
+    port (the app tells the two apart by the port a request arrived on). With ``fronts``,
+    an engine process and that many front processes (:mod:`kvrank.engine.pod`)."""
+    if cfg.fronts:
+        from kvrank.engine.pod import serve_pod
+
+        serve_pod(cfg)
+        return
     logs.configure(cfg.log)
     keep_freed_memory()
     app = create_app(cfg)
+    ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
+    sockets = [listening_socket(cfg.host, p) for p in ports]
+    server = draining_server(cfg, app)
+    probes = None
+    if cfg.probe_port is not None:
+        probes = ProbeServer(app.state.kvrank, cfg.host, cfg.probe_port, PROBE_STALL_S).start()
+    try:
+        run(server, sockets)
+    finally:
+        if probes is not None:
+            probes.stop()
+
+
+def run(server: DrainingServer, sockets: list[socket.socket]) -> None:
+    """Serve until shut down; a server whose app did not start exits with
+    :data:`STARTUP_FAILED`, its last line the reason."""
+    try:
+        server.run(sockets=sockets)
+    except SystemExit:  # uvicorn's own exit when the app's startup failed
+        if server.started:
+            raise
+        # the last line is what Kubernetes shows as the pod's termination message (and the
+        # operator in RankersStarted): the reason, not uvicorn's "startup failed"
+        reason = server.app.state.kvrank.startup_error or "the server did not start"
+        log.error("kvrank serve: %s", reason)
+        raise SystemExit(STARTUP_FAILED) from None
+
+
+def draining_server(cfg: ServerConfig, app: FastAPI) -> DrainingServer:
+    """uvicorn serving ``app`` as ``cfg`` says, draining on the first SIGTERM."""
     config = uvicorn.Config(
         app,
         host=cfg.host,
@@ -79,25 +120,7 @@ def serve(cfg: ServerConfig) -> None:
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s),
         timeout_keep_alive=int(cfg.keep_alive_s),
     )
-    ports = [cfg.port] if cfg.admin_port is None else [cfg.port, cfg.admin_port]
-    sockets = [listening_socket(cfg.host, p) for p in ports]
-    server = DrainingServer(config, app, cfg.drain_delay_s)
-    probes = None
-    if cfg.probe_port is not None:
-        probes = ProbeServer(app.state.kvrank, cfg.host, cfg.probe_port, PROBE_STALL_S).start()
-    try:
-        server.run(sockets=sockets)
-    except SystemExit:  # uvicorn's own exit when the app's startup failed
-        if server.started:
-            raise
-        # the last line is what Kubernetes shows as the pod's termination message (and the
-        # operator in RankersStarted): the reason, not uvicorn's "startup failed"
-        reason = app.state.kvrank.startup_error or "the server did not start"
-        log.error("kvrank serve: %s", reason)
-        raise SystemExit(STARTUP_FAILED) from None
-    finally:
-        if probes is not None:
-            probes.stop()
+    return DrainingServer(config, app, cfg.drain_delay_s)
 
 
 def settle_heap() -> int:

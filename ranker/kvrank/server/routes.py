@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
@@ -42,7 +42,7 @@ from kvrank.server.schemas import (
 )
 from kvrank.server.shadow import SHADOW_HEADER
 from kvrank.server.state import AppState, app_state
-from kvrank.service import RankingService, ScoreResult
+from kvrank.service import ScoreResult, Service
 
 router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
@@ -91,7 +91,7 @@ def model_refusal(state: AppState, name: str, version: str | None) -> tuple[int,
 
 
 async def score_inputs(
-    svc: RankingService, inputs: ModelInputs, deadline: Deadline | None, protocol: str
+    svc: Service, inputs: ModelInputs, deadline: Deadline | None, protocol: str
 ) -> ScoreResult:
     """Score a request's inputs, whatever protocol brought them: by reference when they
     name a sequence hash, extended when they name the events since one, else whole."""
@@ -145,7 +145,7 @@ def screen(state: AppState, headers: Headers) -> Deadline | None:
 
 @contextlib.asynccontextmanager
 async def caller_watched(
-    request: Request, svc: RankingService, deadline: Deadline | None
+    request: Request, svc: Service, deadline: Deadline | None
 ) -> AsyncIterator[None]:
     """While the block runs, a caller that disconnects marks the deadline: its work still
     queued is dropped, never computed (the ASGI server says so on ``receive``); it is
@@ -199,7 +199,7 @@ async def score(request: Request, state: State) -> Response:
 
 
 def _inputs(
-    body: Any, user_id: str, seq_hash: str | None, header: str | None, svc: RankingService
+    body: Any, user_id: str, seq_hash: str | None, header: str | None, svc: Service
 ) -> ModelInputs:
     """A scoring body as the service's inputs, by the form its history came in: whole, by
     reference (``seq_hash``; ``header``: the ``If-Match`` header's, if it came so) or as the
@@ -251,8 +251,7 @@ async def readyz(state: State) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    registry = state.started.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(await state.started.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 UserIdPath = Annotated[
@@ -271,7 +270,8 @@ async def invalidate(user_id: UserIdPath, state: State) -> InvalidateResponse:
 async def effective_config(state: State) -> dict[str, Any]:
     svc = state.started
     doc = state.cfg.model_dump(mode="json")
-    doc["effective_ttl_seconds"] = svc.current_ttl()
-    doc["ttl"] = svc.ttl_settings.model_dump(mode="json")
+    ttl, effective = await svc.ttl_in_force()
+    doc["effective_ttl_seconds"] = effective
+    doc["ttl"] = ttl.model_dump(mode="json")
     doc["shadow"] = state.shadow_in_force().model_dump(mode="json")
     return doc

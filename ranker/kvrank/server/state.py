@@ -8,6 +8,7 @@ read it; nothing here does I/O.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -18,13 +19,16 @@ from kvrank.server.config import ServerConfig
 from kvrank.server.prefetch import Prefetches
 from kvrank.server.schemas import StrictBody
 from kvrank.server.shadow import ShadowConfig, ShadowMirror
-from kvrank.service import RankingService
+from kvrank.service import Service
 
 
 @dataclass
 class AppState:
     cfg: ServerConfig
-    service: RankingService | None = None
+    service: Service | None = None
+    connect: Callable[[], Awaitable[Service]] | None = None
+    """How a front gets its service (the engine's, :mod:`kvrank.engine`); ``None``: built
+    here from the config."""
     ready: bool = False
     watched_mtimes: dict[str, float] = field(default_factory=dict)
     """Path → mtime of the files reloaded while serving (:mod:`kvrank.server.reload`)."""
@@ -49,13 +53,15 @@ class AppState:
     loop_seen: float = field(default_factory=time.monotonic)
     """When the event loop last ticked (:func:`kvrank.server.probes.tick`): the liveness
     probe's evidence that it makes progress."""
+    beat: Callable[[float], None] | None = None
+    """Also told of each tick (a front tells the process that answers the pod's probes)."""
 
     def __post_init__(self) -> None:
         self.user_hash = logs.UserHasher(self.cfg.log.user_key)
         self.prefetches = Prefetches(self.cfg.prefetch_max_inflight)
 
     @property
-    def started(self) -> RankingService:
+    def started(self) -> Service:
         """The service, once the lifespan has built it."""
         if self.service is None:
             raise RuntimeError("service not started")

@@ -72,7 +72,7 @@ def build_service(cfg: ServerConfig) -> RankingService:
     check = getattr(model, "check_kv", None)
     cache = l1_and_redis(settings, l1, l2, AdaptiveTTL(cfg.ttl), host, check)
     metrics = Metrics(model.version, cfg.namespace, device=str(device))
-    metrics.registry.register(CacheCollector(cache, l1, l2, host))
+    metrics.add_reader(CacheCollector(cache, l1, l2, host))
     return RankingService(model, cache, cfg, metrics)  # the config is the service's settings
 
 
