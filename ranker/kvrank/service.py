@@ -10,11 +10,12 @@ ends in a computed, correct score.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, overload
 
 import numpy as np
 import torch
@@ -259,20 +260,26 @@ class RankingService:
         cands: CandidateInput,
         deadline: Deadline | None = None,
         protocol: str = "json",
+        hashed: str | None = None,
     ) -> ScoreResult:
         """Scores of ``cands`` for the user; raises :class:`~kvrank.errors.Overloaded` when
         the pod cannot serve it before ``deadline`` (default: the configured one), and
         :class:`~kvrank.errors.Abandoned` when nobody waits for it any more. ``protocol``:
-        how the request came (:data:`~kvrank.metrics.PROTOCOLS`, a metrics label)."""
+        how the request came (:data:`~kvrank.metrics.PROTOCOLS`, a metrics label).
+        ``hashed``: the history's sequence hash as a front computed it, after checking the
+        input (:mod:`kvrank.engine`): neither is done again here, and a hit hashes
+        nothing."""
         start = time.perf_counter()
-        check_user(self.features, user)
-        check_candidates(self.features, cands)
+        if hashed is None:
+            check_user(self.features, user)
+            check_candidates(self.features, cands)
         self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()) as ticket:
             if self.settings.cache_mode == "full":
                 logits = await self.runner.run(self.model.forward_full, user, cands, stage="full")
                 return self._result(logits, Outcome.NONE, {"total": _ms(start)}, protocol)
-            return await self._score_cached(user_id, user, cands, ticket, (start, protocol))
+            came = (start, protocol, hashed)
+            return await self._score_cached(user_id, user, cands, ticket, came)
 
     async def _score_cached(
         self,
@@ -280,13 +287,13 @@ class RankingService:
         user: UserInput,
         cands: CandidateInput,
         ticket: Ticket,
-        came: tuple[float, str],
+        came: tuple[float, str, str | None],
     ) -> ScoreResult:
         """Scores against the user's state from the nearest tier, else made; a cached state
         whose scores are not finite is dropped and made again, once."""
-        start, protocol = came
+        start, protocol, hashed = came
         for _ in range(2):
-            found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket)
+            found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket, hashed)
             t = time.perf_counter()
             logits = await self._finite_scores(user_id, seq_hash, found, cands)
             if logits is not None:
@@ -417,14 +424,14 @@ class RankingService:
         return None
 
     async def _own_user_kv(
-        self, user_id: str, user: UserInput, ticket: Ticket
+        self, user_id: str, user: UserInput, ticket: Ticket, hashed: str | None
     ) -> tuple[Lookup, dict[str, float], str]:
         """:meth:`_user_kv`, made again for this request when the request it shared the
         computation with (same user, same history) was dropped: one caller leaving must not
         fail another."""
         while True:
             try:
-                return await self._user_kv(user_id, user)
+                return await self._user_kv(user_id, user, hashed)
             except Abandoned as exc:
                 if exc.ticket is ticket:
                     raise
@@ -447,17 +454,20 @@ class RankingService:
         self.metrics.prefetches[outcome.value].inc()
         return outcome
 
-    async def _user_kv(self, user_id: str, user: UserInput) -> tuple[Lookup, dict[str, float], str]:
+    async def _user_kv(
+        self, user_id: str, user: UserInput, hashed: str | None = None
+    ) -> tuple[Lookup, dict[str, float], str]:
         """The user's K/V from the nearest tier holding it, else made once across pods; where
-        time went; the sequence hash it is cached under."""
+        time went; the sequence hash it is cached under (``hashed``: already known, the
+        chain is then computed only if a miss needs it)."""
         t = time.perf_counter()
-        chain = sequence_chain(user, self.fingerprint, self.features)
-        key = self.cache.key(user_id, chain.seq_hash)
+        chain = _Chain(lambda: sequence_chain(user, self.fingerprint, self.features))
+        key = self.cache.key(user_id, hashed if hashed is not None else chain.made.seq_hash)
         timings = {"hash": _ms(t)}
         found = await self.cache.get_or_create(
             key,
             len(user),
-            lambda prefix: self._create(user, prefix, chain),
+            lambda prefix: self._create(user, prefix, chain.made),
             chain if self._extender is not None else None,
         )
         return found, timings | found.timings_ms, key.seq_hash
@@ -516,6 +526,28 @@ class RankingService:
     ) -> ScoreResult:
         self.metrics.observe_request(outcome.value, timings, protocol)
         return ScoreResult(logits.sigmoid(), logits, outcome, timings, seq_hash, events)
+
+
+class _Chain(Sequence[str]):
+    """A user's :class:`~kvrank.cache.SequenceChain`, computed when first needed (a hit
+    whose hash a front sent needs none)."""
+
+    def __init__(self, make: Callable[[], SequenceChain]) -> None:
+        self._make = make
+
+    @functools.cached_property
+    def made(self) -> SequenceChain:
+        return self._make()
+
+    def __len__(self) -> int:
+        return len(self.made)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        return self.made[i]
 
 
 def _chain_state(

@@ -78,7 +78,7 @@ def roundtrip(message: msgspec.Struct) -> wire.FromEngine:
 
 def test_the_hello_carries_the_models_features_whole() -> None:
     model = build(TINY.model_dump(), "v1")
-    hello = wire.Hello("v1", "cpu", model.features, 2**20)
+    hello = wire.Hello("v1", "cpu", model.features, model.fingerprint(), 2**20)
     back = wire.hello_of(msgspec.msgpack.decode(msgspec.msgpack.encode(hello)))
     assert back == hello and back.features == model.features
 

@@ -39,8 +39,13 @@ class Engine:
 
     def hello(self) -> wire.Hello:
         svc = self.service
+        model = svc.model
         return wire.Hello(
-            svc.model.version, str(svc.model.device), svc.features, svc.cache.l1_budget_bytes
+            model.version,
+            str(model.device),
+            svc.features,
+            svc.fingerprint,
+            svc.cache.l1_budget_bytes,
         )
 
     async def serve(self, path: str) -> asyncio.Server:
@@ -113,7 +118,7 @@ class Engine:
         if m.events is None or m.user is None:
             raise ValueError("a scoring call sends its history, a seq_hash or events since one")
         user = UserInput(wire.tensors(m.events), wire.tensors(m.user))
-        return await svc.score(m.user_id, user, cands, deadline, m.protocol)
+        return await svc.score(m.user_id, user, cands, deadline, m.protocol, m.hashed)
 
     async def _other(self, m: wire.Call) -> Any:
         svc = self.service

@@ -24,11 +24,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Patience
-from kvrank.cache import Outcome, TTLSettings
+from kvrank.cache import Outcome, TTLSettings, sequence_chain
 from kvrank.engine import wire
 from kvrank.errors import Abandoned
 from kvrank.metrics import Metrics
 from kvrank.model.contract import CandidateInput, FeatureSpec, UserInput
+from kvrank.model.features import check_candidates, check_user
 from kvrank.service import ScoreResult
 
 log = logging.getLogger("kvrank.front")
@@ -181,6 +182,7 @@ class RemoteService:
         self.client = client
         self.model = EngineModel(hello.model_version, torch.device(hello.device))
         self.features: FeatureSpec = hello.features
+        self.fingerprint = hello.fingerprint
         self.cache = EngineCache(hello.l1_budget_bytes)
         self.metrics = Metrics(hello.model_version, namespace, device=hello.device)
         self.admission = FrontAdmission(settings, client)
@@ -208,8 +210,13 @@ class RemoteService:
         deadline: Deadline | None = None,
         protocol: str = "json",
     ) -> ScoreResult:
+        check_user(self.features, user)
+        check_candidates(self.features, cands)
+        hashed = sequence_chain(user, self.fingerprint, self.features).seq_hash
         events, columns = wire.arrays(user.events), wire.arrays(user.user)
-        return await self._score(user_id, cands, deadline, protocol, events=events, user=columns)
+        return await self._score(
+            user_id, cands, deadline, protocol, events=events, user=columns, hashed=hashed
+        )
 
     async def score_by_reference(
         self,

@@ -95,6 +95,9 @@ class Score(msgspec.Struct, tag="score", frozen=True):
     since: str | None = None
     field: str = "seq_hash"
     """Where the hash came from (what a 412 names)."""
+    hashed: str | None = None
+    """A whole history's sequence hash, as the front computed it after checking the input
+    (the engine does neither again)."""
 
 
 class Prefetch(msgspec.Struct, tag="prefetch", frozen=True):
@@ -182,6 +185,8 @@ class Hello(msgspec.Struct, frozen=True):
     model_version: str
     device: str
     features: FeatureSpec
+    fingerprint: str
+    """The model's cache identity, which every sequence hash starts from."""
     l1_budget_bytes: int
 
 
