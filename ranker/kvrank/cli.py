@@ -496,15 +496,17 @@ def loadtest(
     deadline_ms: DeadlineOption = 1_000,
     silent_callers: SilentOption = False,
     protocol: ProtocolOption = "json",
+    fronts: Annotated[
+        int, typer.Option(min=0, max=64, help="overload: rankers with N front processes.")
+    ] = 0,
 ) -> None:
     """A workload against cache-enabled and cache-disabled servers side by side (the profile
     sets it, each option replaces a knob), or a spike with and without admission control."""
     if scenario == "overload":
         from kvrank.tools.jobs import run_overload_test
 
-        run_overload_test(
-            model, json_out, factor, duration, deadline_ms, candidates or 100, not silent_callers
-        )
+        spike = (factor, duration, deadline_ms, candidates or 100, not silent_callers, fronts)
+        run_overload_test(model, json_out, *spike)
         return
     if scenario != "replay":
         raise typer.BadParameter("replay or overload", param_hint="--scenario")

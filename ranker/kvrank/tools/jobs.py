@@ -206,6 +206,7 @@ def run_overload_test(
     deadline_ms: int,
     candidates: int,
     sends_deadline: bool = True,
+    fronts: int = 0,
 ) -> dict[str, Any]:
     import tempfile
 
@@ -219,6 +220,7 @@ def run_overload_test(
         candidates,
         capacity_s=min(5.0, duration_s),
         sends_deadline=sends_deadline,
+        fronts=fronts,
     )
     with tempfile.TemporaryDirectory(prefix="kvrank-overload-") as tmp:
         model_dir, source = model_dir_for(model, Path(tmp))

@@ -53,6 +53,8 @@ class OverloadSettings:
     sends_deadline: bool = True
     """False: the callers give up at their deadline without saying so (the server's
     default deadline applies, and what it learns from the callers that leave)."""
+    fronts: int = 0
+    """The rankers' ``fronts`` (0: one process each)."""
 
 
 @dataclass
@@ -277,9 +279,8 @@ def run_overload(model_dir: Path, settings: OverloadSettings, workdir: Path) -> 
     pool = request_pool(model_dir, settings.candidates)
     with ProcessStack(workdir) as stack:
         for mode in settings.modes:
-            ranker = RankerProcess.start(
-                model_dir, workdir, env={"KVRANK_ADMISSION_MODE": mode}, timeout_s=120
-            )
+            env = {"KVRANK_ADMISSION_MODE": mode, "KVRANK_FRONTS": str(settings.fronts)}
+            ranker = RankerProcess.start(model_dir, workdir, env=env, timeout_s=120)
             stack.rankers.append(ranker)
             if not readings:  # on the first fresh server: the same for every mode
                 readings.append(capacity_of(ranker.url, pool, "before", settings))

@@ -17,14 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+import numpy as np
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from kvrank.model.artifact import load_ranker
 from kvrank.model.features import example_candidates, example_user
 from kvrank.server.oip import json_request
+from kvrank.server.oip_grpc import request_message
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess, free_port
 
@@ -50,7 +54,8 @@ def test_a_pod_with_fronts_answers_every_form_as_one_process_does(
     spawn_server, request_for, artifact
 ) -> None:
     spec = load_ranker(artifact).features
-    one, split = spawn_server(), spawn_server(env=FRONTS)
+    grpc_port = free_port()
+    one, split = spawn_server(), spawn_server("--grpc-port", str(grpc_port), env=FRONTS)
     seen: dict[str, list[tuple[int, Any]]] = {"one": [], "split": []}
     for name, pod in (("one", one), ("split", split)):
         for user in ("ada", "bo", "cy"):
@@ -79,6 +84,14 @@ def test_a_pod_with_fronts_answers_every_form_as_one_process_does(
     assert outcomes == ["miss", "l1", "l1", "l1"] * 3
     ready = httpx.get(f"{split.url}/readyz").json()
     assert ready == httpx.get(f"{one.url}/readyz").json()
+    # the v2 gRPC service, on every front's listener of the same port
+    body = request_for("ada", n=9, c=6)[2]
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(request_message(json_request(spec, body)), timeout=60)
+    assert reply.parameters["cache"].string_param == "l1"
+    scores = np.frombuffer(reply.raw_output_contents[0], dtype="<f4").tolist()
+    assert scores == seen["one"][0][1][1]  # ada's, from one process's JSON answer
 
 
 def scrape(pod: RankerProcess) -> dict[str, list[Any]]:
