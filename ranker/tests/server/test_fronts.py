@@ -32,6 +32,8 @@ from kvrank.server.oip_grpc import request_message
 from kvrank.server.schemas import body_for
 from kvrank.tools.processes import RankerProcess, free_port
 
+pytestmark = pytest.mark.slow  # real pods of three processes each: seconds to start
+
 SCORE = "/v1/score"
 FRONTS = {"KVRANK_FRONTS": "2"}
 
