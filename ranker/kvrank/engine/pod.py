@@ -66,15 +66,19 @@ class PodView:
 
     def __init__(self, shared: Shared, fronts: int) -> None:
         self.shared, self.fronts = shared, fronts
-        self.serving_since: float | None = None
+        self._since: float | None = None
+
+    @property
+    def serving_since(self) -> float | None:
+        """When the engine and every front had first started (``None``: not yet)."""
+        s = self.shared
+        if self._since is None and s.engine_ready.is_set() and s.fronts_ready.value >= self.fronts:
+            self._since = time.monotonic()
+        return self._since
 
     @property
     def ready(self) -> bool:
-        s = self.shared
-        ready = s.engine_ready.is_set() and s.fronts_ready.value >= self.fronts
-        if ready and self.serving_since is None:
-            self.serving_since = time.monotonic()
-        return bool(ready and not s.draining.is_set())
+        return self.serving_since is not None and not self.shared.draining.is_set()
 
     @property
     def loop_seen(self) -> float:

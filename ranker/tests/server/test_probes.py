@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 
@@ -65,4 +66,34 @@ def test_a_probe_is_answered_while_python_work_saturates_the_process() -> None:
         assert max(took) < 1.0, took
     finally:
         stop.set()
+        probes.stop()
+
+
+def test_a_pod_with_fronts_is_alive_once_all_its_processes_are_and_ready_until_it_drains() -> None:
+    """The probes of an engine and two fronts (``fronts: 2``), as the parent answers them:
+    the startup probe (``/healthz``, the only one the kubelet sends until it passes) sees
+    the pod start without a readiness probe first; one stale process's loop fails it."""
+    from kvrank.engine.pod import PodView, Shared
+
+    now = time.monotonic()
+    shared = Shared(threading.Event(), SimpleNamespace(value=0), [now] * 3, threading.Event())
+    probes = ProbeServer(PodView(shared, fronts=2), "127.0.0.1", 0, stall_s=5).start()
+    url = f"http://127.0.0.1:{probes.port}"
+
+    def status(path: str) -> int:
+        return httpx.get(f"{url}{path}", timeout=2).status_code
+
+    try:
+        shared.engine_ready.set()
+        shared.fronts_ready.value = 1  # one front still starting
+        assert (status("/healthz"), status("/readyz")) == (503, 503)
+        shared.fronts_ready.value = 2
+        shared.beats[:] = [time.monotonic()] * 3
+        assert status("/healthz") == 200  # no /readyz asked before
+        assert status("/readyz") == 200
+        shared.draining.set()
+        assert (status("/healthz"), status("/readyz")) == (200, 503)
+        shared.beats[2] -= 60.0  # one front's loop has not ticked for a minute
+        assert status("/healthz") == 503
+    finally:
         probes.stop()
