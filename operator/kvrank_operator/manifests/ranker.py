@@ -39,8 +39,18 @@ from kvrank_operator.manifests.common import (
     version_selector,
     with_defaults,
 )
-from kvrank_operator.spec import MODELS_MOUNT, ROUTING_HEADER, RankerSpec, namespace_for
+from kvrank_operator.spec import (
+    MODELS_MOUNT,
+    ROUTING_HEADER,
+    RankerSpec,
+    namespace_for,
+    parse_quantity,
+)
 
+FRONTS_MAX = 8
+"""Front processes a pod runs at most when the operator derives their number."""
+RUN_MOUNT = "/run/kvrank"
+"""Where a pod with fronts keeps the engine's socket and its processes' metrics files."""
 RANKER_UID = 10001
 """The ranker image's numeric user (images/ranker/Dockerfile)."""
 RANKER_STORAGE = {"ephemeral-storage": "1Gi"}, {"ephemeral-storage": "8Gi"}
@@ -229,9 +239,37 @@ def _env(
         {"name": "KVRANK_ADMIN_PORT", "value": str(ADMIN_PORT)},
         {"name": "KVRANK_PROBE_PORT", "value": str(PROBE_PORT)},
         {"name": "KVRANK_GRPC_PORT", "value": str(_ranker_port(spec, grpc=True))},
+        *_fronts_env(spec),
         *spec.admission.ranker_env(),
         *spec.model.env,
     ]
+
+
+def fronts_for(spec: RankerSpec) -> int | None:
+    """How many front processes parse requests for the engine in each pod (the ranker's
+    ``fronts``): one per whole core the pod requests beyond the engine's first, at most
+    :data:`FRONTS_MAX` (a pod of under 2 cores runs one process). ``None``: the user's
+    ``model.env`` sets ``KVRANK_FRONTS`` (its value then stands, and the pod gets its run
+    directory as if it had fronts)."""
+    if any(e.get("name") == "KVRANK_FRONTS" for e in spec.model.env):
+        return None
+    resources = spec.model.resources
+    cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu")
+    try:
+        cores = int(parse_quantity(cpu)) if cpu is not None else 0
+    except ValueError:  # not a quantity: the API server refuses the pod, saying so
+        cores = 0
+    return 0 if cores < 2 else min(cores - 1, FRONTS_MAX)
+
+
+def _fronts_env(spec: RankerSpec) -> list[dict[str, str]]:
+    fronts = fronts_for(spec)
+    if fronts == 0:
+        return []
+    run_dir = [{"name": "KVRANK_RUN_DIR", "value": RUN_MOUNT}]
+    return (
+        run_dir if fronts is None else [{"name": "KVRANK_FRONTS", "value": str(fronts)}, *run_dir]
+    )
 
 
 def _ranker_port(spec: RankerSpec, grpc: bool = False) -> int:
@@ -261,6 +299,9 @@ def _volumes(
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},
     ]
+    if fronts_for(spec) != 0:  # the engine's socket, the processes' metrics files
+        volumes.append({"name": "run", "emptyDir": {"sizeLimit": "256Mi"}})
+        mounts.append({"name": "run", "mountPath": RUN_MOUNT})
     if spec.model.volume:
         volumes.append({"name": "models", **spec.model.volume})
         mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})

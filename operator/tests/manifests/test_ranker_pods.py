@@ -325,3 +325,41 @@ def test_purge_job_runs_kvrank_cache_purge() -> None:
         again["metadata"]["name"]
         == m.purge_job(spec, "feed", "prod", "v-v1", "2026-01-02T00:00:00Z")["metadata"]["name"]
     )
+
+
+@pytest.mark.parametrize(
+    ("resources", "fronts"),
+    [
+        ({}, None),  # nothing requested: one process, as on a laptop
+        ({"requests": {"cpu": "1500m"}}, None),  # under 2 cores: the split would not pay
+        ({"requests": {"cpu": "2"}}, "1"),
+        ({"limits": {"cpu": "4"}}, "3"),  # a limit alone is the request
+        ({"requests": {"cpu": "4500m"}, "limits": {"cpu": "8"}}, "3"),  # whole cores requested
+        ({"requests": {"cpu": "64"}}, "8"),
+    ],
+)
+def test_a_pod_runs_a_front_per_core_it_requests_beyond_the_engines(
+    resources: dict, fronts: str | None
+) -> None:
+    spec = {"model": {"version": "v1", "uri": "/m", "resources": resources}}
+    env = _env_of(spec)
+    assert env.get("KVRANK_FRONTS") == fronts
+    pod = m.deployment(parse_spec(spec), "feed", "prod", "v1", "/m", 1, "stable")
+    volumes = {v["name"] for v in pod["spec"]["template"]["spec"]["volumes"]}
+    # a pod with fronts keeps the engine's socket and its metrics files on a volume of its
+    # own (the root filesystem is read-only); a pod without has neither
+    assert ("run" in volumes) == (fronts is not None)
+    assert (env.get("KVRANK_RUN_DIR") == "/run/kvrank") == (fronts is not None)
+
+
+def test_fronts_the_user_sets_stand_and_get_their_run_directory() -> None:
+    from kvrank.server.config import load_config
+
+    mine = [{"name": "KVRANK_FRONTS", "value": "5"}]
+    spec = {"model": {"version": "v1", "uri": "/m", "env": mine, "resources": {}}}
+    env = _ranker_env_list(spec)
+    assert [v for k, v in env if k == "KVRANK_FRONTS"] == ["5"]
+    values = dict(env)
+    assert values["KVRANK_RUN_DIR"] == "/run/kvrank"
+    cfg = load_config({"fronts": values["KVRANK_FRONTS"], "run_dir": values["KVRANK_RUN_DIR"]})
+    assert (cfg.fronts, cfg.run_dir) == (5, "/run/kvrank")

@@ -1,13 +1,14 @@
-"""The processes of one pod with fronts (``fronts: N``): this one supervises, answers the
-kubelet's probes and forwards signals; an engine process serves the model; N front
-processes serve HTTP (and gRPC) on the same ports.
+"""The processes of one pod with fronts (``fronts: N``): the command's own process is the
+engine (model, cache, batcher, admission control) and answers the kubelet's probes; N front
+processes, which it starts, serve HTTP (and gRPC) on the same ports.
 
-Start: the engine loads, checks and warms the model and listens on its socket, then the
-fronts start, each connecting to it; the pod is ready once all are (``probe_port``).
-A model the engine refuses ends the pod as a single process does (exit 3, the reason the
-last line). SIGTERM drains as a single process does: the fronts answer ``/readyz`` 503 for
+Start: the engine loads, checks and warms the model and listens on its socket, then starts
+the fronts, each connecting to it; the pod is ready once all are (``probe_port``). A model
+the engine refuses ends the pod as a single process does (exit 3, the reason the last
+line). SIGTERM drains as a single process does: the fronts answer ``/readyz`` 503 for
 ``drain_delay_s``, then finish what is in flight; the engine stops after the last front.
-Any process that dies on its own ends the pod, so the kubelet restarts it whole.
+A front that dies ends the pod (exit 1), so the kubelet restarts it whole; a front whose
+engine has gone exits.
 
 Metrics: every process writes its counters and histograms to files in ``run_dir``
 (prometheus_client's multiprocess mode); a scrape of any front adds them up and appends
@@ -20,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import uvloop
@@ -42,7 +41,10 @@ from kvrank.server.config import ServerConfig
 log = logging.getLogger("kvrank.server")
 SOCKET = "engine.sock"
 METRICS = "metrics"
-START_POLL_S = 0.2
+SUPERVISE_S = 0.5
+"""How often the engine looks at its fronts."""
+ENGINE_GONE = 1
+"""A front's exit status when its engine has gone."""
 
 
 @dataclass
@@ -87,31 +89,32 @@ class PodView:
 
 
 def serve_pod(cfg: ServerConfig) -> None:
-    """Run the pod's processes until it drains or one of them dies (the exit status: 0
-    after a drain, 1 when a process died, 3 when the engine refused the model)."""
+    """Serve as the pod's engine, with its fronts, until it drains or a front dies (the exit
+    status: 0 after a drain, 1 when a front died, 3 when the model was refused)."""
     from kvrank.server.probes import ProbeServer
-    from kvrank.server.process import PROBE_STALL_S, STARTUP_FAILED
+    from kvrank.server.process import PROBE_STALL_S, STARTUP_FAILED, keep_freed_memory
 
     logs.configure(cfg.log)
+    keep_freed_memory()
     run_dir = Path(cfg.run_dir or tempfile.mkdtemp(prefix="kvrank-pod-"))
     metrics_dir = run_dir / METRICS
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # the children's, inherited
+    # set before the first metric is made: this process's counters go to files as well
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # the fronts', inherited
+    _multiprocess_values()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(run_dir / SOCKET)
     pod = Pod(cfg, str(run_dir / SOCKET))
     probes = None
     if cfg.probe_port is not None:
-        probes = ProbeServer(
-            PodView(pod.shared, cfg.fronts), cfg.host, cfg.probe_port, PROBE_STALL_S
-        )
-        probes.start()
+        view = PodView(pod.shared, cfg.fronts)
+        probes = ProbeServer(view, cfg.host, cfg.probe_port, PROBE_STALL_S).start()
     try:
-        if not pod.start_engine():
-            raise SystemExit(pod.engine.exitcode or STARTUP_FAILED)
-        pod.start_fronts()
-        raise SystemExit(pod.supervise())
+        raise SystemExit(uvloop.run(_engine(pod)))
+    except KvrankError as exc:  # a refused model: the pod's last line says why
+        log.error("kvrank serve: %s", exc)
+        raise SystemExit(STARTUP_FAILED) from None
     finally:
         if probes is not None:
             probes.stop()
@@ -122,36 +125,35 @@ def serve_pod(cfg: ServerConfig) -> None:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _multiprocess_values() -> None:
+    """Have prometheus_client keep this process's values in the multiprocess directory
+    (it chooses when first imported, which the command line did before the setting)."""
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
 class Pod:
-    """The engine and the fronts, as this process sees them."""
+    """This process (the engine) and its fronts."""
 
     def __init__(self, cfg: ServerConfig, path: str) -> None:
         self.cfg, self.path = cfg, path
         self.ctx = multiprocessing.get_context("spawn")
         self.shared = Shared.make(self.ctx, cfg.fronts)
-        self.engine = self.ctx.Process(
-            target=run_engine, args=(cfg, path, self.shared), name="kvrank-engine"
-        )
         self.fronts: list[SpawnProcess] = []
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        self.stop = asyncio.Event()
+        self.status = 0
+        """The exit status once :attr:`stop` is set: 0 after a drain, 1 after a death."""
 
-    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
-        """Drain: the fronts hear it (and drain as one server does); before there are any,
-        the engine stops."""
+    def on_signal(self, sig: int) -> None:
+        """SIGTERM or SIGINT: the fronts hear it and drain as one server does (a second one
+        stops them at once); the engine stops after the last (before there are any, now)."""
         self.shared.draining.set()
-        for proc in self.fronts or [self.engine]:
-            if proc.pid is not None and proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM if proc is self.engine else sig)
-
-    def start_engine(self) -> bool:
-        """Start the engine and wait until it listens (``False``: it exited first)."""
-        self.engine.start()
-        log.info("engine started: pid %d", self.engine.pid)
-        while not self.shared.engine_ready.wait(START_POLL_S):
-            if not self.engine.is_alive():
-                return False
-        return not self.shared.draining.is_set()
+        for front in self.fronts:
+            if front.pid is not None and front.is_alive():
+                os.kill(front.pid, sig)
+        if not self.fronts:
+            self.stop.set()
 
     def start_fronts(self) -> None:
         from kvrank.server.process import listening_socket
@@ -161,48 +163,31 @@ class Pod:
         sockets = [listening_socket(cfg.host, p) for p in ports]
         for i in range(cfg.fronts):
             args = (cfg, sockets, self.path, self.shared, i)
-            self.fronts.append(
-                self.ctx.Process(target=run_front, args=args, name=f"kvrank-front-{i}")
-            )
-            self.fronts[-1].start()
+            front = self.ctx.Process(target=run_front, args=args, name=f"kvrank-front-{i}")
+            front.start()
+            self.fronts.append(front)
         for sock in sockets:
             sock.close()  # the fronts hold them
 
-    def supervise(self) -> int:
-        """Wait until the fronts have drained, then stop the engine (0); or until a process
-        dies on its own (1)."""
-        every = [self.engine, *self.fronts]
+    async def supervise(self) -> None:
+        """Until the fronts have drained (status 0), or one dies on its own (1): then
+        :attr:`stop`."""
         while True:
-            if self.shared.draining.is_set():
-                if not any(f.is_alive() for f in self.fronts):
-                    break
-            elif not all(p.is_alive() for p in every):
-                dead = ", ".join(p.name for p in every if not p.is_alive())
+            alive = [f for f in self.fronts if f.is_alive()]
+            if self.shared.draining.is_set() and not alive:
+                break
+            if not self.shared.draining.is_set() and len(alive) < len(self.fronts):
+                dead = ", ".join(f.name for f in self.fronts if not f.is_alive())
                 log.error("kvrank serve: %s exited; stopping the pod", dead)
-                return 1
-            alive = [p.sentinel for p in every if p.is_alive()]
-            multiprocessing.connection.wait(alive, timeout=1.0)
-        self.engine.terminate()
-        self.engine.join()
-        return 0
+                self.status = 1
+                break
+            await asyncio.sleep(SUPERVISE_S)
+        self.stop.set()
 
 
-# ---- the engine process ----
-
-
-def run_engine(cfg: ServerConfig, path: str, shared: Shared) -> None:
-    from kvrank.server.process import STARTUP_FAILED, keep_freed_memory
-
-    logs.configure(cfg.log)
-    keep_freed_memory()
-    try:
-        uvloop.run(_engine(cfg, path, shared))
-    except KvrankError as exc:  # a refused model: the pod's last line says why
-        log.error("kvrank serve: %s", exc)
-        raise SystemExit(STARTUP_FAILED) from None
-
-
-async def _engine(cfg: ServerConfig, path: str, shared: Shared) -> None:
+async def _engine(pod: Pod) -> int:
+    """The engine: load, check and warm the model, listen for the fronts, start them, serve
+    until :meth:`Pod.supervise` says stop; the exit status."""
     from kvrank.admission import watch_loop_lag
     from kvrank.engine.core import Engine
     from kvrank.runner import model_thread
@@ -211,28 +196,31 @@ async def _engine(cfg: ServerConfig, path: str, shared: Shared) -> None:
     from kvrank.server.state import AppState
     from kvrank.server.wiring import build_service
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)  # the supervisor's, after the fronts
-    loop.add_signal_handler(signal.SIGINT, lambda: None)  # ^C reaches the fronts too: they drain
+    cfg, loop = pod.cfg, asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pod.on_signal, sig)
     service = await loop.run_in_executor(model_thread(), build_service, cfg)
     await service.warm_up()
     state = AppState(cfg, service)  # what the config reloader sets: TTL, secrets
     remember_mtime(state)
-    server = await Engine(service).serve(path)
-    settle_heap()
+    server = await Engine(service).serve(pod.path)
     tasks = [
-        asyncio.create_task(_beat(shared, 0)),
+        asyncio.create_task(_beat(pod.shared, 0)),
         asyncio.create_task(watch_config(state)),
         asyncio.create_task(watch_loop_lag(service.admission)),
     ]
-    shared.engine_ready.set()
-    log.info("engine serving on %s", path)
-    await stop.wait()
+    pod.shared.engine_ready.set()
+    log.info("engine serving on %s: pid %d", pod.path, os.getpid())
+    if not pod.shared.draining.is_set():
+        pod.start_fronts()
+        settle_heap()
+        tasks.append(asyncio.create_task(pod.supervise()))
+    await pod.stop.wait()
     server.close()
     for task in tasks:
         task.cancel()
     await service.close()
+    return pod.status
 
 
 async def _beat(shared: Shared, index: int) -> None:
@@ -258,7 +246,10 @@ def run_front(
     metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
     async def connect() -> Service:
-        return await RemoteService.connect(path, cfg.admission, cfg.namespace, metrics_dir)
+        service = await RemoteService.connect(path, cfg.admission, cfg.namespace, metrics_dir)
+        # nothing can be served without it; a front must not outlive it
+        service.client.on_gone = lambda: os._exit(ENGINE_GONE)
+        return service
 
     app = create_app(cfg, connect=connect)
     state = app.state.kvrank

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,8 @@ class EngineClient:
         self._listener = asyncio.create_task(self._listen())
         self.on_load: list[Any] = []
         """Called with each :class:`~kvrank.engine.wire.Load` an answer carries."""
+        self.on_gone: Callable[[], None] | None = None
+        """Called when the engine closes the connection (it has stopped or died)."""
 
     @classmethod
     async def connect(cls, path: str) -> EngineClient:
@@ -88,6 +90,8 @@ class EngineClient:
                     answer.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             log.error("the engine has gone: %s", exc)
+            if self.on_gone is not None:
+                self.on_gone()
         finally:
             gone = wire.EngineError("the engine has gone")
             for answer in self._waiting.values():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -244,14 +243,31 @@ def children_of(pid: int) -> list[str]:
     return found.stdout.split()
 
 
-def test_an_engine_that_dies_ends_the_pod(spawn_server) -> None:
+def fronts_of(pod: RankerProcess) -> list[int]:
+    """The pod's front processes (its own process is the engine)."""
+    return [
+        int(pid)
+        for pid in children_of(pod.proc.pid)
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_a_front_that_dies_ends_the_pod(spawn_server) -> None:
     pod = spawn_server(env=FRONTS)
-    engine = int(re.findall(r"engine started: pid (\d+)", pod.log.read_text())[0])
-    processes = children_of(pod.proc.pid)
-    os.kill(engine, signal.SIGKILL)
+    fronts = fronts_of(pod)
+    assert len(fronts) == 2
+    os.kill(fronts[0], signal.SIGKILL)
     assert pod.proc.wait(timeout=30) == 1  # the kubelet restarts it whole
-    assert "kvrank-engine exited; stopping the pod" in pod.log.read_text()
-    wait_for(lambda: not [p for p in processes if Path(f"/proc/{p}").exists()])
+    assert "exited; stopping the pod" in pod.log.read_text()
+    wait_for(lambda: not [p for p in fronts if Path(f"/proc/{p}").exists()])
+
+
+def test_fronts_do_not_outlive_their_engine(spawn_server) -> None:
+    pod = spawn_server(env=FRONTS)
+    fronts = fronts_of(pod)
+    pod.proc.kill()  # the engine, killed outright: it stops nothing itself
+    pod.proc.wait(timeout=30)
+    wait_for(lambda: not [p for p in fronts if Path(f"/proc/{p}").exists()])
 
 
 def test_a_refused_model_ends_the_pod_saying_why(artifact, tmp_path: Path) -> None:
