@@ -286,6 +286,7 @@ class RemoteService:
         )
 
     def prefetch(self, user_id: str, user: UserInput) -> Coroutine[None, None, Outcome]:
+        check_user(self.features, user)  # the caller hears of bad input, before its 202
         call = wire.Prefetch(
             self.client.next_id(), user_id, wire.arrays(user.events), wire.arrays(user.user)
         )

@@ -64,6 +64,7 @@ def test_a_pod_with_fronts_answers_every_form_as_one_process_does(
             first = post(pod, body)
             seq_hash = first.json()["seq_hash"]
             v2 = json_request(spec, body)
+            prefetch = {k: v for k, v in body.items() if k != "candidates"} | {"user_id": "p"}
             forms = [
                 first,
                 post(pod, body),  # now from L1
@@ -76,11 +77,13 @@ def test_a_pod_with_fronts_answers_every_form_as_one_process_does(
                 post(pod, body | {"candidates": {k: [] for k in body["candidates"]}}),
                 post(pod, v2, "/v2/models/ranker/infer"),
                 post(pod, {"inputs": []}, "/v2/models/ranker/infer"),
+                post(pod, prefetch, "/v1/prefetch"),
+                post(pod, prefetch | {"user_id": ""}, "/v1/prefetch"),
             ]
             seen[name] += [answer(r) for r in forms]
     assert seen["split"] == seen["one"]
     statuses = [status for status, _ in seen["split"]]
-    assert statuses == [200, 200, 200, 412, 422, 200, 400] * 3
+    assert statuses == [200, 200, 200, 412, 422, 200, 400, 202, 422] * 3
     outcomes = [doc[0] for status, doc in seen["split"] if status == 200]
     assert outcomes == ["miss", "l1", "l1", "l1"] * 3
     ready = httpx.get(f"{split.url}/readyz").json()
