@@ -78,7 +78,7 @@ def _assert_it_runs_an_engine_and_two_fronts(stack: Stack, pod: dict[str, Any]) 
     its engine listens there and two front servers started."""
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["KVRANK_FRONTS"] == "2" and env["KVRANK_RUN_DIR"] == "/run/kvrank", env
-    logs = stack.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "ranker").stdout
+    logs = stack.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "ranker")
     assert "engine serving on /run/kvrank/engine.sock" in logs, logs[-3000:]
     assert logs.count("Application startup complete") == 2, logs[-3000:]
 
