@@ -43,7 +43,7 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[wire.FromEngine]] = {}
         self._listener = asyncio.create_task(self._listen())
-        self.on_load: list[Any] = []
+        self.on_load: list[Callable[[wire.Load], None]] = []
         """Called with each :class:`~kvrank.engine.wire.Load` an answer carries."""
         self.on_gone: Callable[[], None] | None = None
         """Called when the engine closes the connection (it has stopped or died)."""
