@@ -30,8 +30,6 @@ log = logging.getLogger("kvrank.engine")
 class Engine:
     def __init__(self, service: RankingService) -> None:
         self.service = service
-        self.fronts = 0
-        """Fronts connected now."""
 
     def load(self) -> wire.Load:
         a = self.service.admission
@@ -54,7 +52,6 @@ class Engine:
 
     async def _front(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One front's connection, for its life: its requests run side by side."""
-        self.fronts += 1
         waiting: dict[int, Deadline] = {}
         """Its requests in flight → their deadlines (what a Leave marks)."""
         tasks: set[asyncio.Task[None]] = set()
@@ -75,7 +72,6 @@ class Engine:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front has gone: what it asked for is no longer wanted
         finally:
-            self.fronts -= 1
             for task in tasks:
                 task.cancel()
             writer.close()

@@ -49,7 +49,8 @@ ENGINE_GONE = 1
 
 @dataclass
 class Shared:
-    """What the pod's processes tell the supervisor (shared memory)."""
+    """What the pod's processes tell the engine's process, which answers the probes
+    (shared memory)."""
 
     engine_ready: Any  # multiprocessing.Event
     fronts_ready: Any  # multiprocessing.Value("i"): fronts started

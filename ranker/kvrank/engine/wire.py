@@ -33,8 +33,8 @@ from kvrank.model.contract import FeatureSpec
 MAX_FRAME = 256 << 20
 """The largest message either side accepts (a request body is bounded far below it)."""
 _LENGTH = struct.Struct("<I")
-DTYPES = {"int64": torch.int64, "float32": torch.float32}
-"""The dtypes request tensors come in (ids, dense values)."""
+DTYPES = frozenset({"int64", "float32", "float16"})
+"""The dtypes that cross: requests' ids and dense values, and scores."""
 
 
 class Array(msgspec.Struct, array_like=True, frozen=True):
@@ -48,7 +48,7 @@ class Array(msgspec.Struct, array_like=True, frozen=True):
         return cls(str(values.dtype), tuple(values.shape), values.tobytes())
 
     def tensor(self) -> torch.Tensor:
-        if self.dtype not in DTYPES and self.dtype != "float16":
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} does not cross the wire")
         values = np.frombuffer(self.data, dtype=self.dtype).reshape(self.shape)
         return torch.from_numpy(values.copy())
