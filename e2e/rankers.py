@@ -30,6 +30,10 @@ BODIES = [
     r.body
     for r in Workload(MODEL_CONFIG, WorkloadSettings(users=50, candidates=CANDIDATES)).requests(50)
 ]
+PURGE_S = 360
+"""From a canary's abort to its cache namespace purged: its last pod gone (a drain of up to
+25 s, the kubelet's teardown), then the purge Job's pod (108 s to the pod's removal, 123 s to
+the Job's end, seen on a node beside the rest lane)."""
 NOWHERE = {"mode": "external", "url": "redis://nowhere.invalid:6379"}
 """An L2 that never answers: the rankers serve from L1 alone (for scenarios about anything
 but Redis, which then start without a Redis Cluster of their own)."""
@@ -134,6 +138,13 @@ class Ranker:
     def namespaces(self) -> dict[str, str]:
         """Cache namespace → state, from status.cacheNamespaces."""
         return {e["namespace"]: e["state"] for e in self.status().get("cacheNamespaces", [])}
+
+    def wait_purged(self, version: str, timeout: float = PURGE_S) -> None:
+        """Until ``version``'s cache namespace is purged (see :data:`PURGE_S`)."""
+        namespace = self.cache_namespace(version)
+        self.stack.wait_for(
+            lambda: self.namespaces().get(namespace) == "purged", f"{namespace} purged", timeout
+        )
 
     def rollout(self) -> dict[str, Any]:
         """status.canary: the progressive rollout's phase, step, checks."""

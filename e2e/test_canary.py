@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from rankers import Ranker, Rankers, body
+from rankers import PURGE_S, Ranker, Rankers, body
 from stack import Stack
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
@@ -75,7 +75,7 @@ def test_promoting_retires_and_purges_the_old_namespace(stack: Stack, rankers: R
     model, canary = ranker.must_get()["spec"]["model"], ranker.must_get()["spec"].get("canary")
     assert (model["version"], model["uri"], canary) == ("v2", ranker.stack.model_uri("v2"), None)
     failures: list[str] = []
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + PURGE_S  # v1's pods gone, its grace, the purge Job
     i = 0
     while time.monotonic() < deadline:  # no window in which no version answers
         resp = stack.score(ranker.name, body(f"promo-{i % 5}", i))
@@ -107,9 +107,7 @@ def test_aborting_purges_the_canary_namespace_only(stack: Stack, rankers: Ranker
     stable = ranker.must_deployment("v2")
     assert "aborted canary v3" in ranker.rkd("abort").stdout
     assert ranker.must_get()["spec"]["model"]["version"] == "v2"
-    stack.wait_for(
-        lambda: ranker.namespaces().get(ranker.cache_namespace("v3")) == "purged", "v3 purged"
-    )
+    ranker.wait_purged("v3")
     assert ranker.redis_keys(ranker.cache_namespace("v3")) == 0
     # the stable namespace is never purged (its entries only expire by their TTL)
     selector = (

@@ -12,10 +12,6 @@ from rankers import Ranker, Rankers, Traffic
 from stack import NS, Stack
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.e2e]
-PURGE_S = 360
-"""From an abort to its namespace purged: the canary's last pod gone (a drain of up to 25 s,
-the kubelet's teardown), then the purge Job's pod (108 s to the pod's removal, 123 s to the
-Job's end seen beside the rest lane)."""
 
 
 def serving(rankers: Rankers, prefix: str, stable: str, redis: bool = True) -> Ranker:
@@ -127,11 +123,7 @@ def test_a_drifting_canary_is_aborted_at_its_first_step_and_purged(
     with Traffic(ranker) as traffic:
         ranker.apply(doc)
         stack.wait_for(lambda: ranker.rollout().get("phase") == "Aborted", "v3 aborted", 240)
-        stack.wait_for(
-            lambda: ranker.namespaces().get(ranker.cache_namespace("v3")) == "purged",
-            "v3 purged",
-            PURGE_S,
-        )
+        ranker.wait_purged("v3")
     aborted = ranker.condition("CanaryAnalysis")
     assert aborted is not None and aborted["status"] == "False", aborted
     assert aborted["reason"] == "AnalysisFailed", aborted
