@@ -258,4 +258,4 @@ async def test_wait_for_peer_is_bounded() -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert await wait_for_peer(never, bound_s=0.01) is None
-    assert loop.time() - t0 < 0.1
+    assert loop.time() - t0 < 1.0  # its bound, not a poll forever (a wide margin: loaded CI)
