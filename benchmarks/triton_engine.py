@@ -27,9 +27,9 @@ import torch
 from torch.utils import dlpack
 
 from kvrank.server.config import ServerConfig
-from kvrank.server.oip import USER_ID, InferRequest, ModelInputs, input_metadata, model_inputs
-from kvrank.server.routes import score_inputs
+from kvrank.server.oip import USER_ID, InferRequest, input_metadata, model_inputs
 from kvrank.server.wiring import build_service
+from kvrank.service import ModelInputs
 
 OUTCOME = "cache"
 """The output naming each answer's cache outcome (``l1``, ``miss``, …)."""
@@ -68,7 +68,7 @@ class Engine:
             except Exception as exc:  # the request's answer, below
                 pending.append(exc)
                 continue
-            work = score_inputs(self.service, inputs, None, "v2-http")
+            work = self.service.score(inputs, None, "v2-http")
             pending.append(asyncio.run_coroutine_threadsafe(work, self.loop))
         return [self._response(pb, item) for item in pending]
 

@@ -110,6 +110,28 @@ class ScoreResult:
     """How many events that history had (``None``: sent by reference)."""
 
 
+@dataclass(frozen=True)
+class ModelInputs:
+    """One scoring request's inputs, whatever protocol brought them: the history whole
+    (``user``), by reference (``seq_hash``) or as the events since a hash (``since`` and
+    ``events``), and the candidates."""
+
+    user_id: str
+    seq_hash: str | None
+    """The history by reference (``None``: sent whole, in ``user``)."""
+    seq_hash_from: str
+    """Where the hash (``seq_hash`` or ``since``) came from: the input or field that named
+    it, or the ``If-Match`` header (what a 412 names)."""
+    user: UserInput | None
+    candidates: CandidateInput
+    since: str | None = None
+    """The history as the events after this hash (``events``; ``None``: not so)."""
+    events: Mapping[str, Tensor] | None = None
+    hashed: str | None = None
+    """``user``'s sequence hash as a front computed it after checking every input
+    (:mod:`kvrank.engine`): neither is done again, and a hit hashes nothing."""
+
+
 class ServedModel(Protocol):
     """What the serving process reads of the model it serves."""
 
@@ -143,31 +165,7 @@ class Service(Protocol):
     def admission(self) -> Admission: ...
     def deadline(self, timeout_ms: float | None = None) -> Deadline: ...
     async def score(
-        self,
-        user_id: str,
-        user: UserInput,
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
-    ) -> ScoreResult: ...
-    async def score_by_reference(
-        self,
-        user_id: str,
-        seq_hash: str,
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        field: str = "seq_hash",
-        protocol: str = "json",
-    ) -> ScoreResult: ...
-    async def score_since(
-        self,
-        user_id: str,
-        since: str,
-        events: Mapping[str, Tensor],
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
-        field: str = "events_since.seq_hash",
+        self, inputs: ModelInputs, deadline: Deadline | None = None, protocol: str = "json"
     ) -> ScoreResult: ...
     def prefetch(self, user_id: str, user: UserInput) -> Coroutine[None, None, Outcome]: ...
     async def invalidate_user(self, user_id: str) -> int: ...
@@ -254,21 +252,38 @@ class RankingService:
         return self.admission.deadline(timeout_ms)
 
     async def score(
+        self, inputs: ModelInputs, deadline: Deadline | None = None, protocol: str = "json"
+    ) -> ScoreResult:
+        """Scores of the candidates for the user, by the form its history came in; raises
+        :class:`~kvrank.errors.Overloaded` when the pod cannot serve it before ``deadline``
+        (default: the configured one), :class:`~kvrank.errors.Abandoned` when nobody waits
+        for it any more, :class:`~kvrank.errors.HistoryRequired` when a history named by a
+        hash is held nowhere. ``protocol``: how the request came
+        (:data:`~kvrank.metrics.PROTOCOLS`, a metrics label)."""
+        user_id, cands, field = inputs.user_id, inputs.candidates, inputs.seq_hash_from
+        if inputs.since is not None and inputs.events is not None:
+            since = (inputs.since, inputs.events)
+            return await self._score_since(user_id, since, cands, deadline, protocol, field)
+        if inputs.seq_hash is not None:
+            seq_hash = inputs.seq_hash
+            return await self._by_reference(user_id, seq_hash, cands, deadline, field, protocol)
+        if inputs.user is None:
+            raise ValueError("scoring inputs carry a history, a seq_hash or events since one")
+        return await self._score_whole(
+            user_id, inputs.user, cands, deadline, protocol, inputs.hashed
+        )
+
+    async def _score_whole(
         self,
         user_id: str,
         user: UserInput,
         cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
-        hashed: str | None = None,
+        deadline: Deadline | None,
+        protocol: str,
+        hashed: str | None,
     ) -> ScoreResult:
-        """Scores of ``cands`` for the user; raises :class:`~kvrank.errors.Overloaded` when
-        the pod cannot serve it before ``deadline`` (default: the configured one), and
-        :class:`~kvrank.errors.Abandoned` when nobody waits for it any more. ``protocol``:
-        how the request came (:data:`~kvrank.metrics.PROTOCOLS`, a metrics label).
-        ``hashed``: the history's sequence hash as a front computed it, after checking the
-        input (:mod:`kvrank.engine`): neither is done again here, and a hit hashes
-        nothing."""
+        """Scores against the state of the whole history ``user``; ``hashed``: its sequence
+        hash, from a front that checked the input (nothing checked or hashed again)."""
         start = time.perf_counter()
         if hashed is None:
             check_user(self.features, user)
@@ -304,14 +319,14 @@ class RankingService:
                 break  # made afresh for this request: the model's own scores
         raise NonFiniteScores(self.model.version)
 
-    async def score_by_reference(
+    async def _by_reference(
         self,
         user_id: str,
         seq_hash: str,
         cands: CandidateInput,
-        deadline: Deadline | None = None,
-        field: str = "seq_hash",
-        protocol: str = "json",
+        deadline: Deadline | None,
+        field: str,
+        protocol: str,
     ) -> ScoreResult:
         """Scores of ``cands`` against the entry under exactly ``(user_id, seq_hash)`` in any
         tier; :class:`~kvrank.errors.HistoryRequired` (naming ``field``, where the hash came
@@ -331,15 +346,14 @@ class RankingService:
             timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
             return self._result(logits, found.outcome, timings, protocol, seq_hash)
 
-    async def score_since(
+    async def _score_since(
         self,
         user_id: str,
-        since: str,
-        events: Mapping[str, Tensor],
+        sent: tuple[str, Mapping[str, Tensor]],
         cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
-        field: str = "events_since.seq_hash",
+        deadline: Deadline | None,
+        protocol: str,
+        field: str,
     ) -> ScoreResult:
         """Scores of ``cands`` for the history under ``since`` followed by ``events`` (the
         events after it, nothing before): the entry under ``(user_id, since)`` extended where
@@ -347,6 +361,7 @@ class RankingService:
         history's sequence hash. :class:`~kvrank.errors.HistoryRequired` when no tier holds
         that entry or it cannot be extended so (naming ``field``, where the hash came from):
         nothing is computed, the caller sends its whole history."""
+        since, events = sent
         start = time.perf_counter()
         check_candidates(self.features, cands)
         self._observe_interval(user_id)

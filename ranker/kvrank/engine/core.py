@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from kvrank.admission import Deadline
 from kvrank.engine import wire
 from kvrank.model.contract import CandidateInput, UserInput
-from kvrank.service import RankingService, ScoreResult
+from kvrank.service import ModelInputs, RankingService, ScoreResult
 
 log = logging.getLogger("kvrank.engine")
 
@@ -101,20 +101,13 @@ class Engine:
             wire.send(writer, reply)
 
     async def _score(self, m: wire.Score, deadline: Deadline) -> ScoreResult:
-        svc, cands = self.service, CandidateInput(wire.tensors(m.candidates))
-        if m.since is not None and m.events is not None:
-            events = wire.tensors(m.events)
-            return await svc.score_since(
-                m.user_id, m.since, events, cands, deadline, m.protocol, m.field
-            )
-        if m.seq_hash is not None:
-            return await svc.score_by_reference(
-                m.user_id, m.seq_hash, cands, deadline, m.field, m.protocol
-            )
-        if m.events is None or m.user is None:
-            raise ValueError("a scoring call sends its history, a seq_hash or events since one")
-        user = UserInput(wire.tensors(m.events), wire.tensors(m.user))
-        return await svc.score(m.user_id, user, cands, deadline, m.protocol, m.hashed)
+        events = None if m.events is None else wire.tensors(m.events)
+        user = None
+        if m.since is None and m.seq_hash is None and events is not None and m.user is not None:
+            user = UserInput(events, wire.tensors(m.user))  # the history whole
+        cands = CandidateInput(wire.tensors(m.candidates))
+        inputs = ModelInputs(m.user_id, m.seq_hash, m.field, user, cands, m.since, events, m.hashed)
+        return await self.service.score(inputs, deadline, m.protocol)
 
     async def _other(self, m: wire.Call) -> Any:
         svc = self.service

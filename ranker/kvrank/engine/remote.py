@@ -14,14 +14,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Patience
 from kvrank.cache import Outcome, TTLSettings, sequence_chain
@@ -30,7 +29,7 @@ from kvrank.errors import Abandoned
 from kvrank.metrics import Metrics
 from kvrank.model.contract import CandidateInput, FeatureSpec, UserInput
 from kvrank.model.features import check_candidates, check_user
-from kvrank.service import ScoreResult
+from kvrank.service import ModelInputs, ScoreResult
 
 log = logging.getLogger("kvrank.front")
 
@@ -207,46 +206,26 @@ class RemoteService:
         return self.admission.deadline(timeout_ms)
 
     async def score(
-        self,
-        user_id: str,
-        user: UserInput,
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
+        self, inputs: ModelInputs, deadline: Deadline | None = None, protocol: str = "json"
     ) -> ScoreResult:
-        check_user(self.features, user)
-        check_candidates(self.features, cands)
-        hashed = sequence_chain(user, self.fingerprint, self.features).seq_hash
-        events, columns = wire.arrays(user.events), wire.arrays(user.user)
-        return await self._score(
-            user_id, cands, deadline, protocol, events=events, user=columns, hashed=hashed
-        )
-
-    async def score_by_reference(
-        self,
-        user_id: str,
-        seq_hash: str,
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        field: str = "seq_hash",
-        protocol: str = "json",
-    ) -> ScoreResult:
-        return await self._score(user_id, cands, deadline, protocol, seq_hash=seq_hash, field=field)
-
-    async def score_since(
-        self,
-        user_id: str,
-        since: str,
-        events: Mapping[str, Tensor],
-        cands: CandidateInput,
-        deadline: Deadline | None = None,
-        protocol: str = "json",
-        field: str = "events_since.seq_hash",
-    ) -> ScoreResult:
-        sent = wire.arrays(events)
-        return await self._score(
-            user_id, cands, deadline, protocol, since=since, events=sent, field=field
-        )
+        """The engine's scores. A whole history and its candidates are checked here, and
+        the history hashed (the engine repeats neither); by reference or as the events since
+        a hash, the engine checks the candidates as it finds the entry."""
+        history: dict[str, Any] = {"field": inputs.seq_hash_from}
+        if inputs.since is not None and inputs.events is not None:
+            history |= {"since": inputs.since, "events": wire.arrays(inputs.events)}
+        elif inputs.seq_hash is not None:
+            history["seq_hash"] = inputs.seq_hash
+        elif inputs.user is not None:
+            user = inputs.user
+            check_user(self.features, user)
+            check_candidates(self.features, inputs.candidates)
+            history |= {
+                "events": wire.arrays(user.events),
+                "user": wire.arrays(user.user),
+                "hashed": sequence_chain(user, self.fingerprint, self.features).seq_hash,
+            }
+        return await self._score(inputs.user_id, inputs.candidates, deadline, protocol, **history)
 
     async def _score(
         self,

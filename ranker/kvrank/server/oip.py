@@ -30,6 +30,7 @@ import torch
 from kvrank.cache import SEQ_HASH_PATTERN
 from kvrank.errors import HeaderError, InputError
 from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
+from kvrank.service import ModelInputs
 
 HEADER_LENGTH = "inference-header-content-length"
 """The binary extension's header: how many bytes of the body are the JSON header."""
@@ -183,23 +184,6 @@ def pack_strings(items: Iterable[bytes]) -> bytes:
     """BYTES elements as the binary extension carries them: each one's length (uint32,
     little-endian), then its bytes."""
     return b"".join(len(b).to_bytes(4, "little") + b for b in items)
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """What the scoring service takes, from an inference request."""
-
-    user_id: str
-    seq_hash: str | None
-    """The history by reference (``None``: sent whole, in ``user``)."""
-    seq_hash_from: str
-    """Where the hash (``seq_hash`` or ``since``) came from: the input or field that named
-    it, or the ``If-Match`` header."""
-    user: UserInput | None
-    candidates: CandidateInput
-    since: str | None = None
-    """The history as the events after this hash (``events``; ``None``: not so)."""
-    events: dict[str, torch.Tensor] | None = None
 
 
 def model_inputs(req: InferRequest, spec: FeatureSpec, if_match: str | None) -> ModelInputs:

@@ -43,7 +43,7 @@ from kvrank.errors import (
 from kvrank.metrics import INFER_METHOD
 from kvrank.server import oip
 from kvrank.server.edge import AccessRecord, access_line
-from kvrank.server.routes import check_routing_key, model_refusal, score_inputs
+from kvrank.server.routes import check_routing_key, model_refusal
 from kvrank.server.state import AppState
 from kvrank.service import ScoreResult, Service
 
@@ -138,7 +138,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             self._routed(context, inputs.user_id)
             access.user = self.state.user_hash(inputs.user_id)
             access.model_version = svc.model.version
-            result = await score_inputs(svc, inputs, deadline, "v2-grpc")
+            result = await svc.score(inputs, deadline, "v2-grpc")
         except InputError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         except HistoryRequired as exc:

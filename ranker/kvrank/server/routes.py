@@ -24,7 +24,6 @@ from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
 from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.server.edge import AccessRecord, Headers
-from kvrank.server.oip import ModelInputs
 from kvrank.server.schemas import (
     IF_MATCH,
     USER_ID_MAX,
@@ -42,7 +41,7 @@ from kvrank.server.schemas import (
 )
 from kvrank.server.shadow import SHADOW_HEADER
 from kvrank.server.state import AppState, app_state
-from kvrank.service import ScoreResult, Service
+from kvrank.service import ModelInputs, Service
 
 router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
@@ -88,24 +87,6 @@ def model_refusal(state: AppState, name: str, version: str | None) -> tuple[int,
         wanted = name if version is None else f"{name} version {version}"
         return 404, f"no model {wanted}: this pod serves {state.cfg.model_name} version {served}"
     return None
-
-
-async def score_inputs(
-    svc: Service, inputs: ModelInputs, deadline: Deadline | None, protocol: str
-) -> ScoreResult:
-    """Score a request's inputs, whatever protocol brought them: by reference when they
-    name a sequence hash, extended when they name the events since one, else whole."""
-    user_id, cands = inputs.user_id, inputs.candidates
-    if inputs.since is not None and inputs.events is not None:
-        return await svc.score_since(
-            user_id, inputs.since, inputs.events, cands, deadline, protocol, inputs.seq_hash_from
-        )
-    if inputs.seq_hash is not None:
-        return await svc.score_by_reference(
-            user_id, inputs.seq_hash, cands, deadline, inputs.seq_hash_from, protocol
-        )
-    assert inputs.user is not None  # decoded with its history
-    return await svc.score(user_id, inputs.user, cands, deadline, protocol)
 
 
 def _user_of(request: Request, state: State, body: Any) -> tuple[str, AccessRecord]:
@@ -176,7 +157,7 @@ async def score(request: Request, state: State) -> Response:
     inputs = _inputs(body, user_id, by_reference(body, svc.features, header), header, svc)
     whole = inputs.user is not None
     async with caller_watched(request, svc, deadline):
-        result = await score_inputs(svc, inputs, deadline, "json")
+        result = await svc.score(inputs, deadline, "json")
     access.cache, access.candidates = result.outcome.value, len(result.scores)
     scores = result.scores.tolist()
     if state.shadow is not None and whole and SHADOW_HEADER not in request.headers:

@@ -22,7 +22,7 @@ from kvrank.errors import InputError
 from kvrank.metrics import INFER_ROUTES
 from kvrank.server import oip
 from kvrank.server.edge import error_body
-from kvrank.server.routes import caller_watched, model_refusal, routed_user, score_inputs, screen
+from kvrank.server.routes import caller_watched, model_refusal, routed_user, screen
 from kvrank.server.schemas import IF_MATCH, etag, if_match
 from kvrank.server.state import AppState, app_state
 
@@ -90,7 +90,7 @@ async def infer(request: Request, state: State, name: str, version: str | None =
         inputs = oip.model_inputs(req, svc.features, if_match(request.headers.get(IF_MATCH)))
         access = routed_user(request, state, inputs.user_id, "the user_id input")
         async with caller_watched(request, svc, deadline):
-            result = await score_inputs(svc, inputs, deadline, "v2-http")
+            result = await svc.score(inputs, deadline, "v2-http")
     except InputError as exc:
         # the protocol's error answer: 400, the message naming the input (what clients show);
         # the service checks every input, as it does a /v1/score body's
