@@ -31,9 +31,10 @@ BODIES = [
     for r in Workload(MODEL_CONFIG, WorkloadSettings(users=50, candidates=CANDIDATES)).requests(50)
 ]
 PURGE_S = 360
-"""From a canary's abort to its cache namespace purged: its last pod gone (a drain of up to
-25 s, the kubelet's teardown), then the purge Job's pod (108 s to the pod's removal, 123 s to
-the Job's end, seen on a node beside the rest lane)."""
+"""From a canary's abort (or a promotion) to the old namespace purged: the version is removed
+only once the other is Ready at all its replicas (a pod started in the canary's place: its
+model loaded and warmed), then its pods drain (up to 25 s), then the purge Job's pod runs.
+108 s to the last pod's removal and 123 s to the Job's end were seen beside the rest lane."""
 NOWHERE = {"mode": "external", "url": "redis://nowhere.invalid:6379"}
 """An L2 that never answers: the rankers serve from L1 alone (for scenarios about anything
 but Redis, which then start without a Redis Cluster of their own)."""
