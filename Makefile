@@ -27,7 +27,7 @@ PYTHON_IMAGE ?= python:3.11-slim
 DOCKER_BUILD_FLAGS ?=
 HELM ?= $$(bash e2e/localkube/build.sh)/helm
 
-.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check push-images test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-wire bench-batching bench-triton bench-cuda bench-production train train-movielens \
+.PHONY: help venv services kube-bins prepare-kube-bins prepare-images test-images lint kube-score chart-readme test test-only test-stress check push-images test-lane-cluster test-lane-rest lint-then-rest demo bench bench-routing bench-overload-front bench-redis-fault bench-wire bench-batching bench-triton bench-cuda bench-production train train-movielens \
         cluster-up cluster-down images helm-lint core-types crd clean e2e e2e-kind release
 
 help: ## List the targets
@@ -164,6 +164,9 @@ bench-routing: venv ## Routed vs unrouted (4 pods, Envoy) and the host tier, sid
 
 bench-overload-front: venv ## One ranker under a 4x spike, alone and behind a queue proxy (Envoy), side by side: reports/bench-overload-front.json
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_overload_front.py --json reports/bench-overload-front.json
+
+bench-redis-fault: venv ## Three rankers, one and three processes each, through a Redis killed, restarted empty and half forged: reports/bench-redis-fault.json
+	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_redis_fault.py --json reports/bench-redis-fault.json
 
 bench-wire: venv ## A production-size L1 hit with its history as JSON and by reference, side by side: reports/bench-wire.json
 	PYTHONPATH=benchmarks $(VENV)/bin/python benchmarks/bench_wire.py --json reports/bench-wire.json \

@@ -214,3 +214,23 @@ def test_the_front_benchmark_serves_the_same_hits_and_scores_through_triton() ->
         assert s["hits_per_s"] > 0 and s["open_loop"]["requests"] > 0, name
         assert s["users_compared"] == 8 and s["users_with_other_scores"] == 0, name
     assert len(report["sizes"]["tiny"]["rounds"]) == 2
+
+
+@pytest.mark.slow
+def test_the_redis_fault_benchmark_answers_through_a_killed_restarted_and_forged_redis() -> None:
+    """A short ``make bench-redis-fault``: two rankers, each an engine and a front, share a
+    redis-server that is killed, started again empty and has entries overwritten while
+    requests arrive. Every request is answered with scores, or refused by admission control
+    (503 shed, 504 past its deadline) — never a 500, a 4xx or a dropped connection — and
+    every phase of the schedule is reported."""
+    import argparse
+
+    from bench_redis_fault import PHASES, run
+
+    args = argparse.Namespace(pods=2, fronts=[1], requests=72, rate=12.0, users=30, candidates=5)
+    report = run(args)
+    (one,) = report["runs"]
+    assert list(one["faults"]) == ["killed", "started empty", "forged"], one["faults"]
+    assert set(one["total"]["refused"]) <= {"503", "504"}, one["total"]
+    assert list(one["phases"]) == list(PHASES)
+    assert sum(p["requests"] for p in one["phases"].values()) == one["total"]["requests"] == 72
