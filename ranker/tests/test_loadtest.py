@@ -149,6 +149,49 @@ def test_replay_names_failed_connections_and_leaves_the_collector_on() -> None:
     assert summary["error_kinds"] == {"error: ClientConnectorError": 3}
 
 
+def test_a_replay_tells_its_deadline_unless_its_callers_keep_it_to_themselves() -> None:
+    """Callers say how long they wait (``x-kvrank-timeout-ms``) by default; with
+    ``send_deadline=False`` they wait as long without saying so, as many callers of a
+    ranking service do, and the pod's default deadline applies to them."""
+    import asyncio
+    import http.server
+    import threading
+
+    from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER
+    from kvrank.tools.processes import free_port
+    from kvrank.tools.replay import replay
+    from kvrank.tools.workload import Request
+
+    told: list[str | None] = []
+
+    class Ranker(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            told.append(self.headers.get(TIMEOUT_HEADER))
+            self.rfile.read(int(self.headers["content-length"]))
+            answer = b'{"cache": "miss"}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Ranker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        reqs = [Request(0.0, "u", {"user_id": "u"})]
+        results = asyncio.run(replay(reqs, [url])) + asyncio.run(
+            replay(reqs, [url], send_deadline=False)
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(r.status, r.outcome) for r in results] == [(200, "miss"), (200, "miss")]
+    assert told == [str(MAX_TIMEOUT_MS), None]
+
+
 def test_a_plugin_models_workload_is_made_of_valid_requests_that_grow(sasrec_artifact) -> None:
     """The load tools drive any model: requests from its feature spec, each accepted by the
     model's own request schema and checks, and returning users' histories extend theirs."""

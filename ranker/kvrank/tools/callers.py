@@ -18,6 +18,7 @@ A gRPC refusal is recorded under the HTTP status its code stands for
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
@@ -124,12 +125,17 @@ Answer = tuple[int, str, str | None]
 
 class Caller:
     """Sends encoded requests by one protocol; an async context manager that holds its
-    connections (at most ``concurrency`` at once)."""
+    connections (at most ``concurrency`` at once). Each call waits up to :data:`WAIT_S`
+    and says so (``send_deadline``), or waits as long without saying it, as a caller that
+    sends no deadline does (the pod's default deadline then applies)."""
 
-    def __init__(self, protocol: str, concurrency: int) -> None:
+    def __init__(self, protocol: str, concurrency: int, send_deadline: bool = True) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
-        self.protocol = protocol
+        self.protocol, self.send_deadline = protocol, send_deadline
+        self._headers = {
+            k: v for k, v in JSON_HEADERS.items() if send_deadline or k != TIMEOUT_HEADER
+        }
         # aiohttp, not httpx: its own cost is ~0.2 ms a request where httpx's is ~2 ms on a
         # small CPU — time the load generator would add to every latency. Idle connections
         # close before uvicorn's 5 s keep-alive does: a request sent on a connection the
@@ -156,9 +162,9 @@ class Caller:
             return await self._infer_grpc(target, payload, headers)
         if self.protocol == "v2-http":
             url = f"{target}/v2/models/{MODEL_NAME}/infer"
-            sent = {**JSON_HEADERS, "content-type": "application/octet-stream", **headers}
+            sent = {**self._headers, "content-type": "application/octet-stream", **headers}
         else:
-            url, sent = f"{target}/v1/score", {**JSON_HEADERS, **headers}
+            url, sent = f"{target}/v1/score", {**self._headers, **headers}
         async with self._session.post(url, data=payload, headers=sent) as resp:
             body = await resp.read()
         if resp.status != 200:
@@ -173,7 +179,10 @@ class Caller:
         infer = channel.unary_unary(INFER_METHOD)  # bytes in, bytes out: encoded beforehand
         metadata = tuple((k.lower(), v) for k, v in headers.items())
         try:
-            raw = await infer(payload, timeout=WAIT_S, metadata=metadata)
+            if self.send_deadline:  # the gRPC deadline is the caller's deadline
+                raw = await infer(payload, timeout=WAIT_S, metadata=metadata)
+            else:
+                raw = await asyncio.wait_for(infer(payload, metadata=metadata), WAIT_S)
         except grpc.aio.AioRpcError as exc:
             return HTTP_EQUIVALENT.get(exc.code(), 500), "error", None
         answer = pb.ModelInferResponse.FromString(raw)

@@ -62,11 +62,14 @@ async def replay(
     routing_header: str | None = None,
     protocol: str = "json",
     spec: FeatureSpec | None = None,
+    send_deadline: bool = True,
 ) -> list[Result]:
     """Open-loop replay; ``speed`` > 1 compresses the schedule. With ``routing_header``
     each request carries its user id there, as callers behind a hashing router do.
     ``protocol``: one of :data:`~kvrank.tools.callers.PROTOCOLS` (``targets``: the rankers'
-    URLs, or their gRPC ``host:port`` for ``v2-grpc``; v2 needs the model's ``spec``)."""
+    URLs, or their gRPC ``host:port`` for ``v2-grpc``; v2 needs the model's ``spec``).
+    ``send_deadline=False``: the callers wait as long but do not say so (see
+    :class:`~kvrank.tools.callers.Caller`)."""
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
     etags: dict[str, tuple[bytes, str]] = {}
@@ -101,7 +104,7 @@ async def replay(
     bodies = [encode(req.body, protocol, spec) for req in requests]
     with collector_off():
         start = time.monotonic()
-        async with Caller(protocol, concurrency) as caller:
+        async with Caller(protocol, concurrency, send_deadline) as caller:
             tasks = []
             for i, (req, body) in enumerate(zip(requests, bodies, strict=True)):
                 delay = req.at_s / speed - (time.monotonic() - start)
