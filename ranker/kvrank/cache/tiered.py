@@ -104,6 +104,8 @@ class Lookup:
 
 log = logging.getLogger("kvrank.cache")
 
+SERDE = "serde"
+"""The timing stage of opening an entry read from a shared tier (checks, tag, tensors)."""
 MAX_PENDING_WRITES = 32
 """L2 writes behind requests at most at once; a new entry beyond them stays in L1 only (and
 its lock is freed at once): a slow Redis must not pile up entries in memory."""
@@ -249,7 +251,7 @@ class TieredCache:
             kv, serde_ms = await self._read_shared(tier, key)
             timings[tier.outcome.value] = _ms(started)
             if serde_ms is not None:
-                timings["serde"] = serde_ms
+                timings[SERDE] = serde_ms
             self.stats.count(tier.outcome.value, kv is not None)
             if kv is not None:
                 await self._promote(key, kv, events, self._inline)
@@ -340,12 +342,17 @@ class TieredCache:
         self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None
     ) -> Lookup:
         timings: dict[str, float] = {}
+        started = time.perf_counter()
         shared = await self._from_shared(key, events, timings)
         if shared is not None:
             return shared
         created = await self._regenerate(key, events, creator, chain)
         if created.stage is not None:
             timings[created.stage] = created.ms
+        if created.stage == SERDE:
+            # another pod's entry, waited for or read again: the shared tier's time is all of
+            # it, from the first read on
+            timings[created.outcome.value] = _ms(started)
         return Lookup(created.kv, created.outcome, timings)
 
     async def _regenerate(
@@ -359,8 +366,9 @@ class TieredCache:
             if lock.state is not LockState.UNAVAILABLE:
                 peer = await self._peer_entry(key, lock)
                 if peer is not None:
-                    await self._promote(key, peer, events, self._inline)
-                    return Created(peer, self._shared[0].outcome)
+                    kv, serde_ms = peer
+                    await self._promote(key, kv, events, self._inline)
+                    return Created(kv, self._shared[0].outcome, SERDE, serde_ms)
             prefix = await self.find_prefix(key, chain) if chain is not None else None
             created = await creator(prefix)
             ttl = self.ttl.current()
@@ -406,20 +414,21 @@ class TieredCache:
         if not task.cancelled() and task.exception() is not None:
             log.error("writing an entry to a shared tier failed", exc_info=task.exception())
 
-    async def _peer_entry(self, key: CacheKey, lock: Lock) -> UserKV | None:
-        """Another pod's entry: waited for while it holds the lock, or double-checked once we
-        hold it (it may have stored and unlocked between our miss and our lock)."""
+    async def _peer_entry(self, key: CacheKey, lock: Lock) -> tuple[UserKV, float] | None:
+        """Another pod's entry and the ms its decoding took: waited for while it holds the
+        lock, or double-checked once we hold it (it may have stored and unlocked between our
+        miss and our lock)."""
         flight = self.flight.stats
         if lock.state is LockState.HELD:
             flight.remote_waits += 1
-            kv = await wait_for_peer(lambda: self._shared_entry(key), self.settings.lock_wait_s)
-            if kv is None:
+            found = await wait_for_peer(lambda: self._shared_read(key), self.settings.lock_wait_s)
+            if found is None:
                 flight.remote_timeouts += 1
         else:
-            kv = await self._shared_entry(key)
-        if kv is not None:
+            found = await self._shared_read(key)
+        if found is not None:
             flight.remote_hits += 1
-        return kv
+        return found
 
     async def _local_entry(self, key: CacheKey) -> UserKV | None:
         for tier in self._local:
@@ -429,10 +438,16 @@ class TieredCache:
         return None
 
     async def _shared_entry(self, key: CacheKey) -> UserKV | None:
+        found = await self._shared_read(key)
+        return None if found is None else found[0]
+
+    async def _shared_read(self, key: CacheKey) -> tuple[UserKV, float] | None:
+        """The entry under ``key`` in the first shared tier holding one that opens, and the
+        ms its decoding took."""
         for tier in self._shared:
-            kv, _ = await self._read_shared(tier, key)
+            kv, serde_ms = await self._read_shared(tier, key)
             if kv is not None:
-                return kv
+                return kv, serde_ms or 0.0
         return None
 
     async def _read_shared(self, tier: Tier, key: CacheKey) -> tuple[UserKV | None, float | None]:
