@@ -670,8 +670,7 @@ ADMISSION = _obj(
             "minimum": 1,
             "maximum": 60000,
             "description": "The deadline of a request whose caller sends no"
-            " x-kvrank-timeout-ms header (the rankers' default: 5000, the bundled router's"
-            " route timeout).",
+            " x-kvrank-timeout-ms header (the rankers' default: 5000; answered 504 past it).",
         },
         "maxInflight": {
             "type": "integer",

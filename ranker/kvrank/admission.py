@@ -50,12 +50,11 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvrank.errors import Abandoned, Overloaded
-from kvrank_common import AdmissionMode
+from kvrank_common import MAX_TIMEOUT_MS, AdmissionMode
 
 TIMEOUT_HEADER = "x-kvrank-timeout-ms"
 """How long the caller will wait for its answer, in milliseconds (``timeout_header``'s
 value: a whole number from 1 to :data:`MAX_TIMEOUT_MS`)."""
-MAX_TIMEOUT_MS = 60_000
 SHED_REASONS = ("inflight", "deadline")
 """Why a request was shed: the pod held ``max_inflight`` requests already; or the estimated
 wait left no time before the request's deadline."""
@@ -79,8 +78,8 @@ class AdmissionSettings(BaseModel):
         5_000,
         ge=1,
         le=MAX_TIMEOUT_MS,
-        description="The deadline of a request whose caller sends none (x-kvrank-timeout-ms):"
-        " the bundled router's route timeout, past which nobody waits for the answer. It is"
+        description="The deadline of a request whose caller sends none (x-kvrank-timeout-ms),"
+        " answered 504 once it passes (a caller that waits longer should say so). It is"
         " budgeted whole (a request is refused only when its wait would not fit in it), and"
         " while such callers are seen to disconnect sooner, they get the time they wait"
         " instead (patience_quantile). Callers should send their own (a ranking caller's is"

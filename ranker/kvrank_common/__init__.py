@@ -32,6 +32,10 @@ ADMISSION_MODES: tuple[str, ...] = get_args(AdmissionMode)
 SHED_HEADER = "x-kvrank-shed"
 """On a 503 that refused a request before any model work (its value: why); the bundled
 router retries such an answer on another pod, and the queue proxy sends it too."""
+MAX_TIMEOUT_MS = 60_000
+"""The longest deadline a caller may state (``x-kvrank-timeout-ms``, a gRPC deadline): the
+ranker refuses a longer one, and the bundled router waits this long for an answer, so that
+it never cuts a deadline the ranker honours."""
 
 # ------------------------------------------------------- metrics the operator reads
 INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"

@@ -157,10 +157,11 @@ def test_a_replay_tells_its_deadline_unless_its_callers_keep_it_to_themselves() 
     import http.server
     import threading
 
-    from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER
+    from kvrank.admission import TIMEOUT_HEADER
     from kvrank.tools.processes import free_port
     from kvrank.tools.replay import replay
     from kvrank.tools.workload import Request
+    from kvrank_common import MAX_TIMEOUT_MS
 
     told: list[str | None] = []
 

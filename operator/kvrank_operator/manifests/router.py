@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvrank_common import SHED_HEADER
+from kvrank_common import MAX_TIMEOUT_MS, SHED_HEADER
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     GRPC_PORT,
@@ -105,7 +105,11 @@ class RouterConfig:
     hash_balance_factor: int = 150
     """Bounded load, in percent of the mean (≥ 100); 0: unbounded."""
     port: int = 8080
-    timeout_s: float = 5.0
+    timeout_s: float = MAX_TIMEOUT_MS / 1e3
+    """How long a request may take through the router: the longest deadline a caller may
+    state. The caller's own deadline travels in its header (or as its gRPC deadline) and the
+    ranker answers 504 once it passes, or applies its default to a caller that states none:
+    a shorter bound here would cut deadlines the ranker honours."""
     dns_refresh_s: float = 2.0
     grpc_port: int = GRPC_PORT
     """The gRPC listener's port (when an upstream has gRPC endpoints)."""

@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from kvrank import __version__
-from kvrank.admission import MAX_TIMEOUT_MS, Deadline
+from kvrank.admission import Deadline
 from kvrank.errors import (
     Abandoned,
     HistoryRequired,
@@ -46,6 +46,7 @@ from kvrank.server.edge import AccessRecord, access_line
 from kvrank.server.routes import check_routing_key, model_refusal
 from kvrank.server.state import AppState
 from kvrank.service import ScoreResult, Service
+from kvrank_common import MAX_TIMEOUT_MS
 
 _CONTENTS = {"INT64": "int64_contents", "FP32": "fp32_contents"}
 HTTP_EQUIVALENT = {

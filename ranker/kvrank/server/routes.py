@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER, Deadline
+from kvrank.admission import TIMEOUT_HEADER, Deadline
 from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
 from kvrank.server.edge import AccessRecord, Headers
@@ -42,6 +42,7 @@ from kvrank.server.schemas import (
 from kvrank.server.shadow import SHADOW_HEADER
 from kvrank.server.state import AppState, app_state
 from kvrank.service import ModelInputs, Service
+from kvrank_common import MAX_TIMEOUT_MS
 
 router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]

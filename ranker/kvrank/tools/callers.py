@@ -31,11 +31,12 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from kvrank.admission import MAX_TIMEOUT_MS, TIMEOUT_HEADER
+from kvrank.admission import TIMEOUT_HEADER
 from kvrank.metrics import INFER_METHOD
 from kvrank.model.contract import FeatureSpec
 from kvrank.server.oip import HEADER_LENGTH, pack_strings, tensors
 from kvrank.server.oip_grpc import HTTP_EQUIVALENT
+from kvrank_common import MAX_TIMEOUT_MS
 
 PROTOCOLS = ("json", "json-ref", "v2-http", "v2-grpc")
 GRPC_PROTOCOLS = ("v2-grpc",)
