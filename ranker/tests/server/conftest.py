@@ -63,7 +63,8 @@ def spawn_server(artifact, tmp_path) -> Iterator[Callable[..., RankerProcess]]:
     def spawn(
         *args: str, env: dict[str, str] | None = None, artifact: Path = artifact
     ) -> RankerProcess:
-        s = RankerProcess.start(artifact, tmp_path, *args, env=env, timeout_s=60)
+        # ready within 3 minutes: a loaded machine's startup is slow, not wrong
+        s = RankerProcess.start(artifact, tmp_path, *args, env=env, timeout_s=180)
         servers.append(s)
         return s
 

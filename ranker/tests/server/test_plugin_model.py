@@ -98,7 +98,11 @@ def test_another_pod_reads_a_plugin_entry_from_redis(
     make_client, sasrec_artifact, redis_server
 ) -> None:
     pods = [
-        make_client(model_dir=str(sasrec_artifact), redis={"url": redis_server.url})
+        # each Redis read and write given a second: the claim is what is found, not how fast
+        make_client(
+            model_dir=str(sasrec_artifact),
+            redis={"url": redis_server.url, "op_timeout_ms": 1000},
+        )
         for _ in range(2)
     ]
     model = load_ranker(sasrec_artifact)

@@ -5,17 +5,25 @@ canary's scores are; a canary that is down fails no request of the stable pod.""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY  # the model the conftest serves
 from kvrank.server.shadow import compare
 from kvrank.tools.processes import RankerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def score(url: str, body: dict[str, Any]) -> httpx.Response:
+    """A scoring request that waits 30 s and says so: one the stable pod is slow to answer
+    on a loaded machine is not the canary's doing."""
+    return httpx.post(f"{url}/v1/score", json=body, timeout=30, headers={TIMEOUT_HEADER: "30000"})
 
 
 def test_compare_sees_equal_reordered_and_shifted_scores() -> None:
@@ -46,7 +54,7 @@ def test_an_identical_canary_is_warmed_and_agrees(spawn_server, request_for) -> 
     users = [f"user-{i}" for i in range(8)]
     for i, user in enumerate(users):
         _, _, body = request_for(user_id=user, seed=i)
-        assert httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code == 200
+        assert score(stable.url, body).status_code == 200
     wait_for(
         lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 8,
         "8 mirrored",
@@ -63,7 +71,7 @@ def test_an_identical_canary_is_warmed_and_agrees(spawn_server, request_for) -> 
     # the canary scored them into its own cache: its first real request per user is a hit,
     # and it mirrored nothing itself
     _, _, body = request_for(user_id=users[3], seed=3)
-    doc = httpx.post(f"{canary.url}/v1/score", json=body, timeout=30).json()
+    doc = score(canary.url, body).json()
     assert doc["cache"] == "l1"
     assert canary.metric("kvrank_shadow_requests_total") == 0
 
@@ -78,7 +86,7 @@ def test_a_canary_with_other_weights_is_seen_to_drift(
         stable = spawn_server(env=shadowing(canary.url))
         for i in range(6):
             _, _, body = request_for(user_id=f"user-{i}", c=6, seed=i)
-            httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
+            score(stable.url, body).raise_for_status()
         wait_for(
             lambda: stable.metric("kvrank_shadow_requests_total", result="sent") == 6,
             "mirrored",
@@ -97,7 +105,7 @@ def test_a_canary_that_is_down_fails_no_request(spawn_server, request_for) -> No
     statuses = []
     for i in range(10):
         _, _, body = request_for(user_id=f"user-{i}", seed=i)
-        statuses.append(httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).status_code)
+        statuses.append(score(stable.url, body).status_code)
     assert statuses == [200] * 10
     wait_for(
         lambda: stable.metric("kvrank_shadow_requests_total", result="error") == 10,
@@ -124,7 +132,7 @@ def test_nothing_is_mirrored_unless_sampled_and_by_another_version(
         env["KVRANK_SHADOW_VERSION"] = settings["version"]  # the version this pod serves
     stable = spawn_server(env=env)
     _, _, body = request_for()
-    httpx.post(f"{stable.url}/v1/score", json=body, timeout=30).raise_for_status()
+    score(stable.url, body).raise_for_status()
     time.sleep(1)
     assert stable.metric("kvrank_shadow_requests_total") == 0
     assert canary.metric("kvrank_requests_total") == 0
