@@ -241,26 +241,20 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     least a fifth of its capacity), sheds the rest at once (503 with Retry-After: at most a
     tenth of the callers give up waiting), is neither restarted by its liveness probe nor
     taken out of its Service by its readiness probe, and Prometheus saw its queue — what an
-    autoscaler would scale on. Alone, the ranker sheds and Prometheus counts it; with the
-    queue proxy beside it (``admission.queueProxy``), every refusal the ranker did not make
-    is the proxy's, Prometheus reads the proxy's own statistics, and scrapes through the
-    proxy are not refused. How much of the spike the proxy refuses depends on how many
-    requests it holds in flight at once, which depends on the machine's speed (about half of
-    the refusals in one run; none in a run on a slow VM): that is the benchmark's figure
-    (``make bench-overload-front``); the refusal at the bound is made to happen, and asserted,
-    in ``operator/tests/test_queue_proxy.py``."""
+    autoscaler would scale on. Alone (one process), the ranker sheds and Prometheus counts
+    it; with the queue proxy beside it (``admission.queueProxy``) and the ranker an engine
+    with two request fronts (``KVRANK_FRONTS=2``, what a pod of three cores or more gets),
+    every refusal the ranker did not make is the proxy's, Prometheus reads the proxy's own
+    statistics, and scrapes through the proxy are not refused. How much of the spike the
+    proxy refuses depends on how many requests it holds in flight at once, which depends on
+    the machine's speed (about half of the refusals in one run; none in a run on a slow VM):
+    that is the benchmark's figure (``make bench-overload-front``); the refusal at the bound
+    is made to happen, and asserted, in ``operator/tests/test_queue_proxy.py``."""
     from kvrank.tools.overload import measure_capacity
 
     if stack.backend != "local":
         pytest.skip("the kind backend runs no Prometheus")
-    ranker = rankers.new("spike-proxy" if queue_proxy else "spike")
-    doc = ranker.spec(redis=False, replicas=1)
-    doc["spec"]["model"]["resources"] = {"limits": {"nvidia.com/gpu": 1, "cpu": "500m"}}
-    if queue_proxy:
-        doc["spec"]["admission"] = {"queueProxy": {"enabled": True}}
-    ranker.apply(doc)
-    ranker.wait_ready(timeout=300)
-    (url,) = stack.pod_urls(ranker.name)
+    ranker, url = _spiked_pod(stack, rankers, queue_proxy)
 
     def bodies(first: int, n: int) -> list[bytes]:  # distinct users: each one a miss
         return [json.dumps(body(f"spike-{i}", i)).encode() for i in range(first, first + n)]
@@ -292,6 +286,25 @@ def test_a_pod_under_a_spike_sheds_stays_ready_and_its_queue_shows_in_prometheus
     time.sleep(3)  # the last scrape
     _assert_prometheus_saw_its_queue(stack, ranker, began, queue_proxy)
     ranker.delete()
+
+
+def _spiked_pod(stack: Stack, rankers: Rankers, queue_proxy: bool) -> tuple[Ranker, str]:
+    """The spike's pod, Ready (half a CPU, L1 only), and its URL; with ``queue_proxy``, the
+    proxy beside it and an engine with two fronts in it."""
+    ranker = rankers.new("spike-proxy" if queue_proxy else "spike")
+    doc = ranker.spec(redis=False, replicas=1)
+    doc["spec"]["model"]["resources"] = {"limits": {"nvidia.com/gpu": 1, "cpu": "500m"}}
+    if queue_proxy:
+        doc["spec"]["admission"] = {"queueProxy": {"enabled": True}}
+        doc["spec"]["model"]["env"].append({"name": "KVRANK_FRONTS", "value": "2"})
+    ranker.apply(doc)
+    ranker.wait_ready(timeout=300)
+    (url,) = stack.pod_urls(ranker.name)
+    if queue_proxy:  # the spike meets an engine and its two fronts
+        (pod,) = ranker.pods()
+        logs = stack.kubectl("logs", "-n", NS, pod["metadata"]["name"], "-c", "ranker")
+        assert logs.count("Application startup complete") == 2, logs[-3000:]
+    return ranker, url
 
 
 def _assert_it_stayed_in_service(ranker: Ranker, since: float, queue_proxy: bool) -> None:
