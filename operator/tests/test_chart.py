@@ -12,6 +12,7 @@ import yaml
 from helm_chart import CHART, KUBE_VERSION, MONITORING, SERVED, helm, render
 
 from kvrank_operator.crd import crd
+from kvrank_operator.manifests.common import PROBE_TIMEOUT_S
 
 
 def test_the_install_the_readme_shows_names_its_objects_kvrank_operator() -> None:
@@ -178,6 +179,8 @@ def test_the_operator_pods_are_ready_on_their_metrics_and_reachable_only_by_scra
     # readiness is what its Service carries (the metrics), liveness kopf's health
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    for probe in ("readinessProbe", "livenessProbe"):  # a loaded node answers late, not never
+        assert container[probe]["timeoutSeconds"] >= PROBE_TIMEOUT_S, probe
     assert (
         pod["securityContext"]["runAsUser"] > 10000 and pod["securityContext"]["runAsGroup"] > 10000
     )

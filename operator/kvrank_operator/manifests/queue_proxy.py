@@ -33,7 +33,12 @@ from typing import Any
 
 from kvrank_common import SHED_HEADER
 from kvrank_operator.manifests import envoy
-from kvrank_operator.manifests.common import GRPC_PORT, restricted_container, with_defaults
+from kvrank_operator.manifests.common import (
+    GRPC_PORT,
+    PROBE_TIMEOUT_S,
+    restricted_container,
+    with_defaults,
+)
 from kvrank_operator.manifests.envoy import ADMIN_PORT, STATS_PORT
 from kvrank_operator.spec import RankerSpec
 
@@ -168,7 +173,15 @@ def container(spec: RankerSpec) -> dict[str, Any]:
             {"name": STATS_PORT_NAME, "containerPort": STATS_PORT},
         ],
         "resources": with_defaults(qp.resources, *RESOURCES),
-        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},
+        "readinessProbe": {
+            "tcpSocket": {"port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+        },
+        "livenessProbe": {
+            "tcpSocket": {"port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+        },
         "securityContext": restricted_container(),
     }

@@ -22,6 +22,7 @@ from kvrank_operator.manifests.common import (
     NO_API_TOKEN,
     PASSWORD_FILE,
     PROBE_PORT,
+    PROBE_TIMEOUT_S,
     PURGE_RESOURCES,
     TLS_CA_FILE,
     deployment_name,
@@ -351,17 +352,23 @@ def _container(
         "resources": resources,
         # on the probe port's own thread: a pod saturated by a spike stays ready (it sheds
         # what it cannot serve in time) and alive (its event loop still makes progress)
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "probes"}, "periodSeconds": 5},
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "probes"},
+            "periodSeconds": 5,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+        },
         # download + load + warm-up may take minutes; liveness starts after it
         "startupProbe": {
             "httpGet": {"path": "/healthz", "port": "probes"},
             "periodSeconds": spec.model.pod.startup_period_seconds,
             "failureThreshold": spec.model.pod.startup_failure_threshold,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "probes"},
             "periodSeconds": 10,
             "failureThreshold": 3,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
         },
         "volumeMounts": mounts,
         "securityContext": restricted_container(),

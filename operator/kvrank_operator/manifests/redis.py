@@ -11,6 +11,7 @@ from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
     NO_API_TOKEN,
+    PROBE_TIMEOUT_S,
     REDIS_PORT,
     TLS_CA_FILE,
     TLS_DIR,
@@ -249,7 +250,11 @@ def _redis_container(r: RedisSpec, name: str) -> dict[str, Any]:
             {"name": "bus", "containerPort": REDIS_PORT + 10000},
         ],
         "resources": redis_resources(r),
-        "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5},
+        "readinessProbe": {
+            "exec": {"command": ["sh", "-c", ping]},
+            "periodSeconds": 5,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+        },
         "volumeMounts": [
             {"name": "conf", "mountPath": "/conf"},
             {"name": "auth", "mountPath": AUTH_DIR},

@@ -52,6 +52,7 @@ from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     GRPC_PORT,
     NO_API_TOKEN,
+    PROBE_TIMEOUT_S,
     deployment_name,
     labels,
     network_policy,
@@ -202,8 +203,16 @@ def _pods_service(spec: RankerSpec, instance: str, namespace: str, version: str)
 
 def _router_deployment(spec: RankerSpec, instance: str, namespace: str) -> dict[str, Any]:
     r, name = spec.routing, router_name(instance)
-    live = {"httpGet": {"path": "/ready", "port": "stats"}, "periodSeconds": 5}
-    routable = {"httpGet": {"path": ROUTABLE, "port": "stats"}, "periodSeconds": 2}
+    live = {
+        "httpGet": {"path": "/ready", "port": "stats"},
+        "periodSeconds": 5,
+        "timeoutSeconds": PROBE_TIMEOUT_S,
+    }
+    routable = {  # every 2 s, each look waiting at most until the next one
+        "httpGet": {"path": ROUTABLE, "port": "stats"},
+        "periodSeconds": 2,
+        "timeoutSeconds": 2,
+    }
     container = {
         "name": "envoy",
         "image": r.image,
