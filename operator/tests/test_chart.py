@@ -11,8 +11,8 @@ import pytest
 import yaml
 from helm_chart import CHART, KUBE_VERSION, MONITORING, SERVED, helm, render
 
+from kvrank_common import PROBE_TIMEOUT_S
 from kvrank_operator.crd import crd
-from kvrank_operator.manifests.common import PROBE_TIMEOUT_S
 
 
 def test_the_install_the_readme_shows_names_its_objects_kvrank_operator() -> None:

@@ -36,6 +36,13 @@ MAX_TIMEOUT_MS = 60_000
 """The longest deadline a caller may state (``x-kvrank-timeout-ms``, a gRPC deadline): the
 ranker refuses a longer one, and the bundled router waits this long for an answer, so that
 it never cuts a deadline the ranker honours."""
+PROBE_TIMEOUT_S = 5
+"""How long every probe of a kvrank pod, and the operator's, waits for its answer (the
+operator renders it into each probe it makes; the chart's are the same). A busy or
+CPU-throttled process answers a probe late, not never: the kubelet's default second made a
+node under load fail the probes of healthy rankers and operators at one moment (liveness
+restarted them, emptying their L1; readiness pulled them from routing). A hung process is
+still found, after ``failureThreshold`` × ``periodSeconds`` as before."""
 
 # ------------------------------------------------------- metrics the operator reads
 INTERVAL_METRIC = "kvrank_user_interval_mean_seconds"

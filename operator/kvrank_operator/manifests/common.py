@@ -27,12 +27,6 @@ ADMIN_PORT = 8081
 pods' NetworkPolicy admits only pods labelled :data:`ADMIN_ACCESS_LABEL` to it."""
 PROBE_PORT = 8082
 """The ranker's probes, answered on a thread of their own (never behind scoring work)."""
-PROBE_TIMEOUT_S = 5
-"""How long every probe of a kvrank pod waits for its answer. A busy or CPU-throttled process
-answers a probe late, not never: the kubelet's default second made a node under load fail the
-probes of healthy rankers, routers and the operator at one moment (liveness restarted them,
-dropping their L1; readiness pulled them from routing). A hung process is still found: after
-``failureThreshold`` × ``periodSeconds``, as before."""
 GRPC_PORT = 8001
 """The rankers' Open Inference Protocol gRPC port (Triton's and KServe's): the scoring
 Service's ``grpc`` port — through the bundled router when there is one (it routes gRPC by

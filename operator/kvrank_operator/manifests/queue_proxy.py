@@ -31,11 +31,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvrank_common import SHED_HEADER
+from kvrank_common import PROBE_TIMEOUT_S, SHED_HEADER
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     GRPC_PORT,
-    PROBE_TIMEOUT_S,
     restricted_container,
     with_defaults,
 )

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from kvrank_common import PROBE_TIMEOUT_S
 from kvrank_operator.manifests import queue_proxy
 from kvrank_operator.manifests.common import (
     ADMIN_ACCESS_LABEL,
@@ -22,7 +23,6 @@ from kvrank_operator.manifests.common import (
     NO_API_TOKEN,
     PASSWORD_FILE,
     PROBE_PORT,
-    PROBE_TIMEOUT_S,
     PURGE_RESOURCES,
     TLS_CA_FILE,
     deployment_name,

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvrank_common import RANKER_REDIS_USER
+from kvrank_common import PROBE_TIMEOUT_S, RANKER_REDIS_USER
 from kvrank_operator.certs import CA_FILE, CERT_FILE, KEY_FILE
 from kvrank_operator.manifests.common import (
     BOOTSTRAP_RESOURCES,
     NO_API_TOKEN,
-    PROBE_TIMEOUT_S,
     REDIS_PORT,
     TLS_CA_FILE,
     TLS_DIR,

@@ -47,12 +47,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvrank_common import MAX_TIMEOUT_MS, SHED_HEADER
+from kvrank_common import MAX_TIMEOUT_MS, PROBE_TIMEOUT_S, SHED_HEADER
 from kvrank_operator.manifests import envoy
 from kvrank_operator.manifests.common import (
     GRPC_PORT,
     NO_API_TOKEN,
-    PROBE_TIMEOUT_S,
     deployment_name,
     labels,
     network_policy,

@@ -7,8 +7,8 @@ from typing import Any
 
 from spec_fragments import example
 
+from kvrank_common import PROBE_TIMEOUT_S
 from kvrank_operator import manifests as m
-from kvrank_operator.manifests.common import PROBE_TIMEOUT_S
 from kvrank_operator.spec import parse_spec
 
 
