@@ -19,6 +19,7 @@ import torch
 import yaml
 from envoy_router import EnvoyRouter
 
+from kvrank.admission import TIMEOUT_HEADER
 from kvrank.model.artifact import save_model
 from kvrank.model.config import TINY
 from kvrank.model.ranker import RankerModel
@@ -36,6 +37,17 @@ def artifact(root: Path, version: str, seed: int) -> Path:
     return save_model(RankerModel(TINY, version).eval(), root / version)
 
 
+WAIT_S = 30
+"""What a scoring call through the router waits, and says it waits (the rankers' deadline
+header): a ranker on a loaded machine sheds a request it cannot answer within the 5 s default
+(``x-kvrank-shed: deadline``), which is not what these tests are about."""
+
+
+def caller(user: str) -> dict[str, str]:
+    """A call's headers: the routing key and the deadline the caller waits."""
+    return {"X-KVRank-User": user, TIMEOUT_HEADER: str(WAIT_S * 1000)}
+
+
 class Envoy(EnvoyRouter):
     """The router on loopback, and a scoring call through it that must succeed."""
 
@@ -43,8 +55,8 @@ class Envoy(EnvoyRouter):
         resp = httpx.post(
             f"http://127.0.0.1:{self.port}/v1/score",
             json=body,
-            headers={"X-KVRank-User": user},
-            timeout=30,
+            headers=caller(user),
+            timeout=WAIT_S + 5,
         )
         assert resp.status_code == 200, (dict(resp.headers), resp.text)  # who answered
         return dict(resp.json())
@@ -107,7 +119,9 @@ def test_each_user_reaches_the_pod_holding_its_entry(envoy: Envoy, tmp_path: Pat
         for _ in range(2):
             for b in bodies:
                 pod = rankers[int(torch.randint(PODS, (1,), generator=rng))]
-                answer = httpx.post(f"{pod.url}/v1/score", json=b, timeout=30).json()
+                answer = httpx.post(
+                    f"{pod.url}/v1/score", json=b, headers=caller(b["user_id"]), timeout=WAIT_S + 5
+                ).json()
                 unrouted.append(answer["cache"])
         random_share = unrouted[len(bodies) :].count("l1") / len(bodies)
         print(
@@ -189,17 +203,17 @@ def test_a_history_sent_by_reference_reaches_the_pod_holding_it(
         url = f"http://127.0.0.1:{envoy.port}/v1/score"
         for body in requests(10):
             user = body["user_id"]
-            full = httpx.post(url, json=body, headers={"X-KVRank-User": user}, timeout=30)
+            full = httpx.post(url, json=body, headers=caller(user), timeout=WAIT_S + 5)
             assert full.status_code == 200, full.text
             ref = {"user_id": user, "candidates": body["candidates"]}
-            tag = {"X-KVRank-User": user, "If-Match": full.headers["etag"]}
-            again = httpx.post(url, json=ref, headers=tag, timeout=30)
+            tag = {**caller(user), "If-Match": full.headers["etag"]}
+            again = httpx.post(url, json=ref, headers=tag, timeout=WAIT_S + 5)
             assert again.status_code == 200, again.text
             assert again.json()["cache"] == "l1"
             assert again.json()["scores"] == full.json()["scores"]
         # each pod answers by reference only for the users it holds
         statuses = Counter(
-            httpx.post(f"{r.url}/v1/score", json=ref, headers=tag, timeout=30).status_code
+            httpx.post(f"{r.url}/v1/score", json=ref, headers=tag, timeout=WAIT_S + 5).status_code
             for r in rankers
         )
         assert statuses == Counter({200: 1, 412: 1}), statuses
@@ -325,8 +339,8 @@ def test_a_shed_request_is_retried_once_on_another_pod_and_the_shedding_pod_kept
                 httpx.post(
                     f"http://127.0.0.1:{envoy.port}/v1/score",
                     json=body,
-                    headers={"X-KVRank-User": body["user_id"]},
-                    timeout=30,
+                    headers=caller(body["user_id"]),
+                    timeout=WAIT_S + 5,
                 ).status_code
             )
         assert Counter(answers)[503] == len(shedding.hits) - len(shed_users) > 0, answers
