@@ -169,11 +169,12 @@ class SequenceChain(Sequence[str]):
         self._first, self._user = first, user
         self._events, self._width = first + int(rows.shape[0]), int(rows.shape[1])
         self._data = rows.tobytes()
-        step = BLOCK * self._width
+        step, data = BLOCK * self._width, memoryview(self._data)  # blocks hashed in place
         blocks = [base]
         for start in range(0, ((self._events - first) // BLOCK) * step, step):
-            block = blocks[-1] + self._data[start : start + step]
-            blocks.append(hashlib.blake2b(block, digest_size=HASH_BYTES, person=_STEP).digest())
+            block = hashlib.blake2b(blocks[-1], digest_size=HASH_BYTES, person=_STEP)
+            block.update(data[start : start + step])
+            blocks.append(block.digest())
         self._blocks = blocks
         self.seq_hash = self._value(self._events)
 

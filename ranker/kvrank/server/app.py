@@ -63,6 +63,7 @@ def create_app(
     app.state.screener = screener  # the HTTP protocol's too (kvrank.server.protocol)
     app.add_middleware(Edge, screener=screener)
     errors.install(app)
+    app.include_router(routes.scoring)
     app.include_router(routes.router)
     app.include_router(v2.router)
     return app

@@ -83,6 +83,7 @@ def test_once_a_window_slides_the_default_encodes_in_full_and_stays_exact(
             "candidates.item_ids",
         ),
         (lambda b: b["events"]["dense"][0].append(1.0), 422, "events.dense[0]"),
+        (lambda b: b["candidates"]["dense"][3].pop(), 422, "candidates.dense[3]"),
         (lambda b: b.__setitem__("user_id", "bad id!"), 422, "user_id"),
         (lambda b: b.__setitem__("surprise", 1), 422, "surprise"),
         (lambda b: b.pop("profile_ids"), 422, "profile_ids"),
@@ -96,6 +97,7 @@ def test_once_a_window_slides_the_default_encodes_in_full_and_stays_exact(
         "category-range",
         "too-many-candidates",
         "dense-width",
+        "dense-row-short",
         "user-id-pattern",
         "unknown-field",
         "user-column-left-out",
@@ -122,6 +124,17 @@ def test_nan_is_rejected(make_client, request_for) -> None:
         "/v1/score", content=json.dumps(req), headers={"content-type": "application/json"}
     )
     assert resp.status_code == 422 and resp.json()["field"] == "user_dense.0"
+
+
+def test_a_value_beyond_float32_is_rejected(make_client, request_for) -> None:
+    """Finite as JSON, infinite as the float32 the model reads: refused, not scored."""
+    client = make_client()
+    _, _, req = request_for()
+    req["events"]["dense"][2][0] = 1e39
+    resp = client.post("/v1/score", json=req)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["field"] == "events.dense"
+    assert resp.json()["error"] == "contains NaN or infinite values"
 
 
 def test_oversized_body_is_413(make_client, request_for) -> None:
