@@ -31,7 +31,7 @@ from kvrank_common import CACHED_OUTCOMES, HIT_RATIO_METRIC, REQUESTS_METRIC
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 INTERVAL_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
-STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde")
+STAGES = ("hash", "l1", "host", "l2", "encode", "extend", "score", "serde", "tag")
 """Parts of a request; the whole of it is ``kvrank_request_seconds`` (by outcome)."""
 OUTCOMES = ("l1", "host", "l2", "incremental", "miss", "none")
 PROTOCOLS = ("json", "v2-http", "v2-grpc")

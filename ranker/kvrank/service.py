@@ -24,6 +24,7 @@ from torch import Tensor
 
 from kvrank.admission import Admission, AdmissionSettings, Deadline, Ticket
 from kvrank.cache import (
+    TAG_WAIT,
     ChainState,
     Created,
     Lookup,
@@ -309,10 +310,8 @@ class RankingService:
         start, protocol, hashed = came
         for _ in range(2):
             found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket, hashed)
-            t = time.perf_counter()
-            logits = await self._finite_scores(user_id, seq_hash, found, cands)
+            logits = await self._finite_scores(user_id, seq_hash, found, cands, timings)
             if logits is not None:
-                timings["score"] = _ms(t)
                 timings["total"] = _ms(start)
                 return self._result(logits, found.outcome, timings, protocol, seq_hash, len(user))
             if found.outcome is Outcome.MISS:
@@ -335,15 +334,15 @@ class RankingService:
         check_candidates(self.features, cands)
         self._observe_interval(user_id)
         with self.admission.admit(deadline or self.deadline()):
-            found = await self._find(user_id, seq_hash)
+            found = await self._find(user_id, seq_hash, tag_beside=True)
             if found is None:
                 raise self._history_required(field, seq_hash)
-            t = time.perf_counter()
-            logits = await self._finite_scores(user_id, seq_hash, found, cands)
+            timings = dict(found.timings_ms)
+            logits = await self._finite_scores(user_id, seq_hash, found, cands, timings)
             if logits is None:  # the entry is gone: the caller sends its events
                 raise self._history_required(field, seq_hash)
             self.metrics.by_reference["served"].inc()
-            timings = {**found.timings_ms, "score": _ms(t), "total": _ms(start)}
+            timings["total"] = _ms(start)
             return self._result(logits, found.outcome, timings, protocol, seq_hash)
 
     async def _score_since(
@@ -377,20 +376,22 @@ class RankingService:
                 self.cache.key(user_id, chain.seq_hash),
                 total,
                 lambda _: self._named(self._extended(model, base, user), chain),
+                tag_beside=True,
             )
-            t = time.perf_counter()
-            logits = await self._finite_scores(user_id, chain.seq_hash, lookup, cands)
+            timings = dict(lookup.timings_ms)
+            logits = await self._finite_scores(user_id, chain.seq_hash, lookup, cands, timings)
             if logits is None:  # the state is gone: the caller sends its events
                 raise self._history_required(field, since)
             self.metrics.by_reference["extended"].inc()
-            timings = {**lookup.timings_ms, "score": _ms(t), "total": _ms(start)}
+            timings["total"] = _ms(start)
             return self._result(logits, lookup.outcome, timings, protocol, chain.seq_hash, total)
 
-    async def _find(self, user_id: str, seq_hash: str) -> Lookup | None:
-        """The entry under exactly ``(user_id, seq_hash)`` in any tier (none: no cache)."""
+    async def _find(self, user_id: str, seq_hash: str, tag_beside: bool = False) -> Lookup | None:
+        """The entry under exactly ``(user_id, seq_hash)`` in any tier (none: no cache);
+        ``tag_beside``: to be scored only (see :meth:`TieredCache.get_or_create`)."""
         if self.settings.cache_mode == "full":
             return None
-        return await self.cache.find(self.cache.key(user_id, seq_hash))
+        return await self.cache.find(self.cache.key(user_id, seq_hash), tag_beside)
 
     def _history_required(
         self, field: str, seq_hash: str, why: str | None = None
@@ -426,12 +427,27 @@ class RankingService:
             self.metrics.intervals.observe(interval)
 
     async def _finite_scores(
-        self, user_id: str, seq_hash: str, found: Lookup, cands: CandidateInput
+        self,
+        user_id: str,
+        seq_hash: str,
+        found: Lookup,
+        cands: CandidateInput,
+        timings: dict[str, float],
     ) -> Tensor | None:
-        """The logits of ``cands`` against ``found``'s state, or ``None`` when any is not
-        finite: the user's entries are dropped from every tier (counted as ``scores``), so a
-        damaged state is a miss, never a wrong score."""
+        """The logits of ``cands`` against ``found``'s state (their time in ``timings``), or
+        ``None`` when the state proved bad: its tag, checked while the model scored, did not
+        verify (the cache refused the entry), or a score is not finite (the user's entries
+        are dropped from every tier, counted as ``scores``). A damaged or forged state is a
+        miss, never a wrong score."""
+        t = time.perf_counter()
         logits = await self.runner.score(found.kv, cands)
+        timings["score"] = _ms(t)
+        if found.verifying is not None:
+            t = time.perf_counter()
+            genuine = await found.genuine()
+            timings[TAG_WAIT] = _ms(t)
+            if not genuine:
+                return None
         if bool(torch.isfinite(logits).all()):
             return logits
         why = "non-finite scores from it"
@@ -446,7 +462,7 @@ class RankingService:
         fail another."""
         while True:
             try:
-                return await self._user_kv(user_id, user, hashed)
+                return await self._user_kv(user_id, user, hashed, tag_beside=True)
             except Abandoned as exc:
                 if exc.ticket is ticket:
                     raise
@@ -470,11 +486,12 @@ class RankingService:
         return outcome
 
     async def _user_kv(
-        self, user_id: str, user: UserInput, hashed: str | None = None
+        self, user_id: str, user: UserInput, hashed: str | None = None, tag_beside: bool = False
     ) -> tuple[Lookup, dict[str, float], str]:
         """The user's K/V from the nearest tier holding it, else made once across pods; where
         time went; the sequence hash it is cached under (``hashed``: already known, the
-        chain is then computed only if a miss needs it)."""
+        chain is then computed only if a miss needs it; ``tag_beside``: to be scored only,
+        see :meth:`TieredCache.get_or_create`)."""
         t = time.perf_counter()
         chain = _Chain(lambda: sequence_chain(user, self.fingerprint, self.features))
         key = self.cache.key(user_id, hashed if hashed is not None else chain.made.seq_hash)
@@ -484,6 +501,7 @@ class RankingService:
             len(user),
             lambda prefix: self._create(user, prefix, chain.made),
             chain if self._extender is not None else None,
+            tag_beside,
         )
         return found, timings | found.timings_ms, key.seq_hash
 

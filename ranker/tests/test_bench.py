@@ -59,7 +59,14 @@ def test_quick_bench_writes_complete_json(tmp_path: Path, kvrank_cli) -> None:
         assert row["auc_delta"] == pytest.approx(row["auc_approximate"] - row["auc_exact"])
         assert row["max_abs_logit_diff"] > 0  # every increment slid the window: not exact
     rt = report["l2_round_trip"]
-    assert set(rt) == {"bf16", "int8_compact"}
+    assert set(rt) == {"bf16", "int8_compact", "served_bf16"}
+    served = rt.pop("served_bf16")  # L2 hits scored and answered, the tag first or beside
+    assert served["entry_bytes"] == rt["bf16"]["entry_bytes"] and served["candidates"] == 100
+    assert served["hit_inline_p50_ms"] > served["score_p50_ms"] > 0
+    assert served["hit_beside_p50_ms"] > served["score_p50_ms"]
+    assert 0 < served["share_beside"] < 1 and 0 < served["share_inline"] < 1
+    assert served["served"] == "inline"  # a quick entry is under a worker thread's size
+    assert "An L2 hit served (bf16" in proc.stdout
     assert rt["int8_compact"]["entry_bytes"] < rt["bf16"]["entry_bytes"]
     assert rt["bf16"]["get_p50_ms"] > 0 and rt["bf16"]["plain_asyncio_get_p50_ms"] > 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

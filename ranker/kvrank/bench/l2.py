@@ -4,7 +4,8 @@ Measures the wall time a pod pays to share K/V through Redis, for the entry size
 matter (the production-size model's bf16 entry, ~9.2 MB, and the INT8 + pyramid entry, < 1 MB),
 next to a plain redis-py asyncio GET of the same bytes (no decode) in the same loop: what a
 service that just used the asyncio client would pay for the transfer alone; and what opening
-an entry costs (every check, the keyed tag, parsing the tensors) and the tag alone.
+an entry costs (every check, the keyed tag, parsing the tensors) and the tag alone; and
+what the checks and the tag cost an L2 hit as the service serves it (:func:`served_l2_hits`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,28 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
 
 from kvrank.cache import (
+    CacheKey,
     CacheSettings,
+    Created,
     L1Store,
+    Outcome,
     RedisSettings,
     RedisStore,
+    TieredCache,
     l1_and_redis,
 )
+from kvrank.cache.entry import PREAMBLE
+from kvrank.cache.tiered import OFF_LOOP_BYTES
+from kvrank.model.inputs import Candidates
 from kvrank.model.kv import UserKV
+from kvrank.model.ranker import RankerModel
 
 
 async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
@@ -83,3 +93,120 @@ async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
 
 def l2_round_trip(url: str, entries: dict[str, UserKV], reps: int = 20) -> dict[str, Any]:
     return {name: asyncio.run(_round_trips(url, kv, reps)) for name, kv in entries.items()}
+
+
+def served_l2_hits(
+    url: str, model: RankerModel, kv: UserKV, candidates: Candidates, reps: int = 15
+) -> dict[str, Any]:
+    """What the entry's checks and tag cost an L2 hit as the service serves one: pod A
+    writes ``kv``'s entry, pod B (L1 emptied before each hit) reads it, scores
+    ``candidates`` on a worker thread as the model runner does, and answers once the entry
+    is genuine. Side by side, hit after hit (each first in turn): the tag checked before the
+    entry is handed over (``inline``), and beside the scoring (``beside``, what a lookup for
+    scoring does from ``off_loop_bytes`` on). The checks are opening the entry without its
+    tag, less parsing its tensors (which a hit needs anyway), plus the model's check."""
+    return asyncio.run(_served_l2_hits(url, model, kv, candidates, reps))
+
+
+async def _served_l2_hits(
+    url: str, model: RankerModel, kv: UserKV, candidates: Candidates, reps: int
+) -> dict[str, Any]:
+    settings = _sealing(kv)
+    writer = l1_and_redis(settings, L1Store(0), RedisStore(RedisSettings(url, op_timeout_s=10.0)))
+    l1 = L1Store(4 * kv.nbytes)
+    reader = l1_and_redis(
+        settings, l1, RedisStore(RedisSettings(url, op_timeout_s=10.0)), check=model.check_kv
+    )
+    key = writer.key("served", "h")
+    times: dict[str, list[float]] = {m: [] for m in (*MODES, "score", "tag", "wait", "checks")}
+    try:
+        await writer.put(key, kv, kv.length)
+        raw = await writer.tiers[-1].store.get(key)
+        assert isinstance(raw, bytes)
+        for i in range(reps + 1):
+            for mode in MODES if i % 2 else MODES[::-1]:
+                await l1.delete(key)
+                hit, score_ms, wait_ms = await _one_hit(reader, key, kv, model, candidates, mode)
+                if i:  # the first round warms up
+                    times[mode].append(hit)
+                    times["score"].append(score_ms)
+                    times["wait"] += [wait_ms] if mode == "beside" else []
+            if i:
+                times["tag"].append(_timed(lambda: reader.codec.tag(raw)))
+                times["checks"].append(_checks_ms(reader, key, raw))
+        await writer.invalidate_user("served")
+    finally:
+        await writer.close()
+        await reader.close()
+    p50 = {name: statistics.median(ms) for name, ms in times.items()}
+    return {
+        "entry_bytes": len(raw),
+        "candidates": len(candidates.item_ids),
+        "hit_inline_p50_ms": p50["inline"],
+        "hit_beside_p50_ms": p50["beside"],
+        "score_p50_ms": p50["score"],
+        "tag_p50_ms": p50["tag"],
+        "tag_wait_p50_ms": p50["wait"],
+        "checks_p50_ms": p50["checks"],
+        "share_inline": (p50["checks"] + p50["tag"]) / p50["inline"],
+        "share_beside": (p50["checks"] + p50["wait"]) / p50["beside"],
+        "beside_vs_inline": p50["beside"] / p50["inline"],
+        # a lookup for scoring checks a smaller entry's tag before handing it over
+        "served": "beside" if len(raw) >= OFF_LOOP_BYTES else "inline",
+        "reps": reps,
+    }
+
+
+MODES = ("inline", "beside")
+
+
+def _sealing(kv: UserKV) -> CacheSettings:
+    """A deployment's settings (a secret, the artifact's digest) for ``kv``'s model."""
+    return CacheSettings(
+        "bench",
+        kv.model_version,
+        kv.fingerprint,
+        model_digest="0" * 32,
+        kv_dtype=kv.kv_dtype,
+        secrets=(b"a deployment's entry secret....",),
+        off_loop_bytes=0,
+    )
+
+
+async def _one_hit(
+    reader: TieredCache,
+    key: CacheKey,
+    kv: UserKV,
+    model: RankerModel,
+    candidates: Candidates,
+    mode: str,
+) -> tuple[float, float, float]:
+    """One L2 hit scored and answered: (its ms, the scoring's, the wait for the tag after)."""
+
+    async def never(_: object) -> Created:
+        raise AssertionError("the entry is in Redis: nothing is made")
+
+    t0 = time.perf_counter()
+    found = await reader.get_or_create(key, kv.length, never, tag_beside=mode == "beside")
+    t1 = time.perf_counter()
+    await asyncio.to_thread(model.score, found.kv, candidates)
+    t2 = time.perf_counter()
+    genuine = await found.genuine()
+    t3 = time.perf_counter()
+    assert found.outcome is Outcome.L2 and genuine, (found.outcome, genuine)
+    return (t3 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def _checks_ms(reader: TieredCache, key: CacheKey, raw: bytes) -> float:
+    """Opening ``raw`` without its tag, and the model's check, less parsing its tensors."""
+    check = reader.check or (lambda _: None)
+    opened = _timed(lambda: check(reader.codec.open(key, raw, tag=False)))
+    size = int.from_bytes(raw[4:8], "little")
+    payload = memoryview(raw)[PREAMBLE + size :]
+    return opened - _timed(lambda: UserKV.from_bytes(payload))

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvrank.bench import flops, peak, plots
-from kvrank.bench.l2 import l2_round_trip
+from kvrank.bench.l2 import l2_round_trip, served_l2_hits
 from kvrank.data.synthetic import SyntheticWorld
 from kvrank.model.artifact import load_model
 from kvrank.model.config import PRODUCTION, PRODUCTION_COMPACT, QUICK, ComputeDType, ModelConfig
@@ -40,6 +40,8 @@ from kvrank.train import HELD_OUT_OFFSET, TrainSettings, auc, evaluate, held_out
 
 console = Console()
 INCREMENT_EVENTS = 4
+SERVED_CANDIDATES = 100
+"""Candidates of the L2 hits served in the L2 section (the checks' and the tag's share)."""
 
 
 @dataclass(frozen=True)
@@ -417,12 +419,14 @@ def _l2(
 ) -> dict[str, Any]:
     if url is None:
         return {}
-    full_user = world.user(3, n_events=model.cfg.max_events).features
+    user = world.user(3, n_events=model.cfg.max_events)
     entries = {
-        "bf16": model.encode_user(full_user, kv_dtype="bf16"),
-        "int8_compact": compact.encode_user(full_user, kv_dtype="int8", layers="scoring"),
+        "bf16": model.encode_user(user.features, kv_dtype="bf16"),
+        "int8_compact": compact.encode_user(user.features, kv_dtype="int8", layers="scoring"),
     }
-    return l2_round_trip(url, entries)
+    cands = world.candidates(user, SERVED_CANDIDATES, 1)[0]
+    served = served_l2_hits(url, model, entries["bf16"], cands)
+    return {**l2_round_trip(url, entries), "served_bf16": served}
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -481,6 +485,8 @@ def _print(r: dict[str, Any]) -> None:
 
 
 def _print_l2(round_trips: dict[str, dict[str, Any]]) -> None:
+    round_trips = dict(round_trips)
+    served = round_trips.pop("served_bf16", None)
     for name, rt in round_trips.items():
         console.print(
             f"L2 round trip {name}: {rt['entry_bytes']:,} B, put p50 {rt['put_p50_ms']:.2f} ms,"
@@ -488,6 +494,16 @@ def _print_l2(round_trips: dict[str, dict[str, Any]]) -> None:
             f" (plain asyncio GET of the bytes: p50 {rt['plain_asyncio_get_p50_ms']:.2f} ms);"
             f" opening it (checks, tag, tensors) {rt['open_p50_ms']:.3f} ms, the tag alone"
             f" {rt['tag_p50_ms']:.3f} ms = {rt['tag_share_of_get']:.1%} of the get"
+        )
+    if served:
+        s = served
+        console.print(
+            f"An L2 hit served (bf16, {s['entry_bytes']:,} B, C={s['candidates']}): tag checked"
+            f" first {s['hit_inline_p50_ms']:.2f} ms, beside the scoring"
+            f" {s['hit_beside_p50_ms']:.2f} ms ({s['beside_vs_inline']:.2f}x); checks"
+            f" {s['checks_p50_ms']:.3f} ms, tag {s['tag_p50_ms']:.3f} ms, the answer's wait"
+            f" for it {s['tag_wait_p50_ms']:.3f} ms: checks + tag {s['share_inline']:.2%} of"
+            f" a hit checked first, {s['share_beside']:.2%} beside (served: {s['served']})"
         )
 
 

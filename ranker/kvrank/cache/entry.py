@@ -119,10 +119,11 @@ class EntryCodec:
         tag = _gmac(self._secrets[0], salt, length, header, payload)
         return MAGIC + length + salt + tag + header + payload
 
-    def open(self, key: CacheKey, data: bytes) -> UserKV:
+    def open(self, key: CacheKey, data: bytes, *, tag: bool = True) -> UserKV:
         """The entry's state, if ``data`` is a genuine entry of ``key`` made by this model;
         else ``CorruptEntryError`` with its ``reason``. On the CPU the tensors are views on
-        ``data``."""
+        ``data``. ``tag=False``: every check but the tag's, which the caller makes with
+        :meth:`check_tag` before anything made from the state is answered or stored."""
         if len(data) < PREAMBLE or data[:4] != MAGIC:
             raise corrupt(Reason.FRAMING, "bad magic or truncated preamble")
         size = int.from_bytes(data[4:8], "little")
@@ -143,10 +144,8 @@ class EntryCodec:
         self._check_model(header)
         if header.get("size") != len(payload):
             raise corrupt(Reason.FRAMING, "payload size mismatch")
-        if not self.verifies(data):
-            raise corrupt(
-                Reason.TAG, "tag does not verify (damaged, or sealed with another secret)"
-            )
+        if tag:
+            self.check_tag(data)
         try:
             kv = UserKV.from_bytes(payload, self.device)
         except Exception as exc:  # bytes that verified may still not be a state of ours
@@ -180,6 +179,13 @@ class EntryCodec:
     @property
     def _secrets(self) -> Sequence[bytes]:
         return self.secrets or (b"",)
+
+    def check_tag(self, data: bytes) -> None:
+        """``CorruptEntryError`` (``tag``) unless framed entry ``data``'s tag verifies."""
+        if not self.verifies(data):
+            raise corrupt(
+                Reason.TAG, "tag does not verify (damaged, or sealed with another secret)"
+            )
 
     def verifies(self, data: bytes) -> bool:
         """Whether framed entry ``data``'s tag is one of this deployment's secrets' (compared

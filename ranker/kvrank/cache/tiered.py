@@ -100,12 +100,25 @@ class Lookup:
     kv: UserKV
     outcome: Outcome
     timings_ms: dict[str, float]
+    verifying: asyncio.Task[bool] | None = None
+    """A large shared-tier entry handed over before its tag was checked (a lookup that asked
+    for it: ``tag_beside=True``): the check, on a worker thread meanwhile, then the entry
+    promoted to the local tiers (``True``) or refused (``False``: counted, deleted)."""
+
+    async def genuine(self) -> bool:
+        """Whether what was made from this entry may be answered: at once unless its tag was
+        still being checked; then whether it verified. Nothing made from an entry whose tag
+        failed may leave the pod."""
+        return True if self.verifying is None else await asyncio.shield(self.verifying)
 
 
 log = logging.getLogger("kvrank.cache")
 
 SERDE = "serde"
 """The timing stage of opening an entry read from a shared tier (checks, tag, tensors)."""
+TAG_WAIT = "tag"
+"""The timing stage of an answer waiting, its scores made, for the tag of the shared-tier
+entry it was scored from (checked on a worker thread while the model scored)."""
 MAX_PENDING_WRITES = 32
 """L2 writes behind requests at most at once; a new entry beyond them stays in L1 only (and
 its lock is freed at once): a slow Redis must not pile up entries in memory."""
@@ -140,7 +153,9 @@ class CacheSettings:
     lock_ttl_s: float = 2.0
     """A crashed lock holder blocks others for at most this long."""
     off_loop_bytes: int = OFF_LOOP_BYTES
-    """Entries at least this large are sealed and opened on a worker thread."""
+    """Entries at least this large are sealed and opened on a worker thread; read by a
+    lookup that only scores (``tag_beside=True``), their tag is checked on another one
+    while the model scores."""
 
 
 @dataclass
@@ -184,6 +199,7 @@ class TieredCache:
         identity = ModelIdentity(s.model_version, s.fingerprint, s.model_digest, s.kv_dtype)
         self.codec = EntryCodec(identity, s.secrets, s.device)
         self._writes: set[asyncio.Task[None]] = set()
+        self._verifying: set[asyncio.Task[bool]] = set()
 
     @property
     def l1_budget_bytes(self) -> int:
@@ -201,30 +217,39 @@ class TieredCache:
         return CacheKey(s.namespace, s.model_version, user_id, seq_hash)
 
     async def get_or_create(
-        self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None = None
+        self,
+        key: CacheKey,
+        events: int,
+        creator: Creator,
+        chain: Sequence[str] | None = None,
+        tag_beside: bool = False,
     ) -> Lookup:
         """The entry for ``key`` from the nearest tier, or made once by ``creator``.
 
         ``events``: how many user events ``key``'s sequence has (kept in the user's head).
         ``chain``: the sequence's prefix hashes (:func:`~kvrank.cache.keys.sequence_chain`)
         when the creator can extend a cached prefix; ``None``: it is handed none.
+        ``tag_beside``: the caller only scores the entry and answers once
+        :meth:`Lookup.genuine` says so, so a large shared-tier entry is handed over with
+        its tag still being checked (every other check made).
         """
         timings: dict[str, float] = {}
         local = await self._from_local(key, events, timings)
         if local is not None:
             return local
         found = await self.flight.do(
-            key.to_string(), lambda: self._shared_or_create(key, events, creator, chain)
+            key.to_string(), lambda: self._shared_or_create(key, events, creator, chain, tag_beside)
         )
-        return Lookup(found.kv, found.outcome, {**timings, **found.timings_ms})
+        return replace(found, timings_ms={**timings, **found.timings_ms})
 
-    async def find(self, key: CacheKey) -> Lookup | None:
+    async def find(self, key: CacheKey, tag_beside: bool = False) -> Lookup | None:
         """The entry under exactly ``key`` from the nearest tier, promoted like any hit, or
-        ``None``: nothing is made (a request that sent its history by reference)."""
+        ``None``: nothing is made (a request that sent its history by reference).
+        ``tag_beside``: as for :meth:`get_or_create`."""
         timings: dict[str, float] = {}
         found = await self._from_local(key, None, timings)
         if found is None:
-            found = await self._from_shared(key, None, timings)
+            found = await self._from_shared(key, None, timings, tag_beside)
         return found
 
     async def _from_local(
@@ -243,20 +268,42 @@ class TieredCache:
         return None
 
     async def _from_shared(
-        self, key: CacheKey, events: int | None, timings: dict[str, float]
+        self, key: CacheKey, events: int | None, timings: dict[str, float], tag_beside: bool
     ) -> Lookup | None:
-        """A hit in the first shared tier holding ``key``, promoted into the local ones."""
+        """A hit in the first shared tier holding ``key``, promoted into the local ones once
+        its tag verified (``tag_beside``: handed over while a worker thread checks it)."""
         for tier in self._shared:
             started = time.perf_counter()
-            kv, serde_ms = await self._read_shared(tier, key)
+            kv, serde_ms, unchecked = await self._read_shared(tier, key, tag_beside)
             timings[tier.outcome.value] = _ms(started)
             if serde_ms is not None:
                 timings[SERDE] = serde_ms
             self.stats.count(tier.outcome.value, kv is not None)
-            if kv is not None:
+            if kv is None:
+                continue
+            if unchecked is None:
                 await self._promote(key, kv, events, self._inline)
                 return Lookup(kv, tier.outcome, timings)
+            task = asyncio.create_task(self._verify(tier, key, unchecked, kv, events))
+            self._verifying.add(task)
+            task.add_done_callback(self._verifying.discard)
+            return Lookup(kv, tier.outcome, timings, task)
         return None
+
+    async def _verify(
+        self, tier: Tier, key: CacheKey, data: bytes, kv: UserKV, events: int | None
+    ) -> bool:
+        """The tag of ``data`` (opened as ``kv`` but for it) checked on a worker thread:
+        ``kv`` then promoted into the local tiers, or the entry refused."""
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.codec.check_tag, data)
+        except Exception as exc:  # bytes from a shared store: any failure is a miss
+            reason = exc.reason if isinstance(exc, CorruptEntryError) else Reason.TAG.value
+            await self._refused(tier, key, reason, exc, started)
+            return False
+        await self._promote(key, kv, events, self._inline)
+        return True
 
     async def find_prefix(self, key: CacheKey, chain: Sequence[str]) -> Prefix | None:
         """The cached entry of the longest strict prefix of ``chain`` (``key``'s sequence)."""
@@ -308,9 +355,10 @@ class TieredCache:
         return all([await t.store.ping() for t in self._shared])
 
     async def flush(self) -> None:
-        """Wait until the entries being written behind requests have landed (or failed)."""
-        while self._writes:
-            await asyncio.wait(list(self._writes))
+        """Wait until the entries being written behind requests have landed (or failed), and
+        the tags being checked beside scoring have been."""
+        while self._writes or self._verifying:
+            await asyncio.wait([*self._writes, *self._verifying])
 
     async def close(self) -> None:
         await self.flush()
@@ -339,11 +387,16 @@ class TieredCache:
             await tier.store.put(key, kv, self.ttl.current(), events)
 
     async def _shared_or_create(
-        self, key: CacheKey, events: int, creator: Creator, chain: Sequence[str] | None
+        self,
+        key: CacheKey,
+        events: int,
+        creator: Creator,
+        chain: Sequence[str] | None,
+        tag_beside: bool,
     ) -> Lookup:
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        shared = await self._from_shared(key, events, timings)
+        shared = await self._from_shared(key, events, timings, tag_beside)
         if shared is not None:
             return shared
         created = await self._regenerate(key, events, creator, chain)
@@ -445,20 +498,24 @@ class TieredCache:
         """The entry under ``key`` in the first shared tier holding one that opens, and the
         ms its decoding took."""
         for tier in self._shared:
-            kv, serde_ms = await self._read_shared(tier, key)
+            kv, serde_ms, _ = await self._read_shared(tier, key)
             if kv is not None:
                 return kv, serde_ms or 0.0
         return None
 
-    async def _read_shared(self, tier: Tier, key: CacheKey) -> tuple[UserKV | None, float | None]:
+    async def _read_shared(
+        self, tier: Tier, key: CacheKey, tag_beside: bool = False
+    ) -> tuple[UserKV | None, float | None, bytes | None]:
         """Read and decode one entry of a shared tier: (entry or ``None``, ms decoding or
-        ``None``)."""
+        ``None``, the entry's bytes when its tag is still to be checked: ``tag_beside`` and
+        an entry large enough to be worth a thread of its own)."""
         data = await tier.store.get(key)
         if data is None:
-            return None, None
+            return None, None, None
         started = time.perf_counter()
+        beside = tag_beside and len(data) >= self.settings.off_loop_bytes
         try:
-            kv = await self._off_loop_if(len(data), self.codec.open, key, data)
+            kv = await self._off_loop_if(len(data), self._open(not beside), key, data)
         except Exception as exc:  # bytes from a shared store: any failure is a miss
             reason = exc.reason if isinstance(exc, CorruptEntryError) else Reason.PAYLOAD.value
             return await self._refused(tier, key, reason, exc, started)
@@ -467,7 +524,11 @@ class TieredCache:
                 self.check(kv)
             except Exception as exc:  # the model refused the state it would be handed
                 return await self._refused(tier, key, Reason.CHECK.value, exc, started)
-        return kv, _ms(started)
+        return kv, _ms(started), data if beside else None
+
+    def _open(self, tag: bool) -> Callable[[CacheKey, bytes], UserKV]:
+        codec = self.codec  # the secrets as they were when the entry was read
+        return lambda key, data: codec.open(key, data, tag=tag)
 
     async def _off_loop_if(
         self, size: int, fn: Callable[[CacheKey, A], R], key: CacheKey, arg: A
@@ -479,11 +540,11 @@ class TieredCache:
 
     async def _refused(
         self, tier: Tier, key: CacheKey, reason: str, exc: Exception, started: float
-    ) -> tuple[None, float]:
+    ) -> tuple[None, float, None]:
         """An entry not served: counted by reason, logged once per reason, deleted."""
         self._count_refused(key, reason, describe(exc))
         await tier.store.delete(key)
-        return None, _ms(started)
+        return None, _ms(started), None
 
     def _count_refused(self, key: CacheKey, reason: str, why: str) -> None:
         corrupt = self.stats.corrupt

@@ -80,9 +80,9 @@ async def test_large_entries_are_sealed_and_opened_off_the_event_loop(
     for name in threads:
         real = getattr(EntryCodec, name)
 
-        def recording(self, key, arg, real=real, name=name):  # type: ignore[no-untyped-def]
+        def recording(self, key, arg, real=real, name=name, **kw):  # type: ignore[no-untyped-def]
             threads[name].add(threading.current_thread().name)
-            return real(self, key, arg)
+            return real(self, key, arg, **kw)
 
         monkeypatch.setattr(EntryCodec, name, recording)
     loop_thread = threading.current_thread().name
@@ -108,6 +108,47 @@ async def test_large_entries_are_sealed_and_opened_off_the_event_loop(
     await pod_c.l2.put(key, bytes(data), 60, 9)  # type: ignore[union-attr]
     again = await pod_c.get_or_create(key, 9, Encoder(model, user))
     assert again.outcome is Outcome.MISS and sum(pod_c.stats.corrupt.values()) == 1
+
+
+async def test_a_large_entry_read_for_scoring_has_its_tag_checked_beside_and_only_then_a_tier(
+    make_cache, model, factory, tiny_cfg
+):
+    """A lookup that only scores (``tag_beside``) is handed a large L2 entry with every check
+    made but its tag, checked on a worker thread meanwhile: the entry reaches L1 only once it
+    verified. One whose tag fails is refused (counted, deleted) and no tier takes it; a lookup
+    that does not ask verifies first, as before."""
+    user = factory.user(tiny_cfg, 9, 1)
+    pod_a = make_cache(off_loop_bytes=0)
+    key = pod_a.key("tagged", "h9")
+    await pod_a.get_or_create(key, 9, Encoder(model, user))
+    await pod_a.flush()
+    sealed = await pod_a.l2.get(key)  # type: ignore[union-attr]
+    pod_b = make_cache(off_loop_bytes=0)
+    hit = await pod_b.get_or_create(key, 9, Encoder(model, user), tag_beside=True)
+    assert hit.outcome is Outcome.L2 and hit.verifying is not None
+    assert await hit.genuine() and await pod_b.tiers[0].store.get(key) is not None
+    assert pod_b.stats.corrupt == {}
+    # the same key's entry with one payload bit flipped, read by a third pod
+    await pod_a.l2.put(key, sealed[:-1] + bytes([sealed[-1] ^ 1]), 60, 9)  # type: ignore[union-attr]
+    pod_c = make_cache(off_loop_bytes=0)
+    forged = await pod_c.get_or_create(key, 9, Encoder(model, user), tag_beside=True)
+    assert forged.outcome is Outcome.L2  # handed over with its tag unchecked ...
+    assert not await forged.genuine()  # ... which fails: nothing made from it is answered
+    assert pod_c.stats.corrupt == {"tag": 1}
+    assert await pod_c.tiers[0].store.get(key) is None
+    assert await pod_c.l2.get(key) is None  # type: ignore[union-attr]
+    made = await pod_c.get_or_create(key, 9, Encoder(model, user), tag_beside=True)
+    assert made.outcome is Outcome.MISS and made.verifying is None
+    # without tag_beside, a forged entry never leaves the cache
+    await pod_c.flush()
+    await pod_a.l2.put(key, sealed[:-1] + bytes([sealed[-1] ^ 1]), 60, 9)  # type: ignore[union-attr]
+    pod_d = make_cache(off_loop_bytes=0)
+    assert (await pod_d.get_or_create(key, 9, Encoder(model, user))).outcome is Outcome.MISS
+    assert pod_d.stats.corrupt == {"tag": 1}
+    # small entries (under off_loop_bytes) are checked whole before they are handed over
+    pod_e = make_cache()
+    small = await pod_e.get_or_create(key, 9, Encoder(model, user), tag_beside=True)
+    assert small.verifying is None and await small.genuine()
 
 
 async def test_miss_then_l1_and_another_pod_reads_l2(make_cache, model, factory, tiny_cfg):

@@ -308,3 +308,59 @@ def test_sigterm_keeps_serving_while_not_ready_then_exits(
     assert pod.proc.poll() is None, "exited before the drain delay"
     assert pod.proc.wait(timeout=30) in (0, -signal.SIGTERM)
     assert time.monotonic() - sent_at >= 2.5
+
+
+def test_a_large_entry_is_scored_while_its_tag_is_checked_and_a_forged_one_is_never_answered(
+    make_client, flushed, model, factory, server_cfg, make_body
+) -> None:
+    """Pod B reads entries as a production-size one is read (``off_loop_bytes`` 0): handed to
+    the model with every check made but the tag, checked beside. A genuine entry is an L2
+    hit whose answer waited for its tag (stage ``tag``); one forged without the secret is
+    scored, refused, and the answer is the model's own as a miss (by reference: a 412);
+    either way the next request is served from the cache."""
+    from dataclasses import replace
+
+    import redis
+
+    store = redis.Redis.from_url(flushed.url)
+
+    def reading_large(pod: TestClient) -> TestClient:
+        cache = pod.app.state.kvrank.service.cache
+        cache.settings = replace(cache.settings, off_loop_bytes=0)
+        return pod
+
+    secret = {"entry_secret": "the deployment's entry secret"}
+    pod_a = make_client(redis=shared(flushed.url), **secret)
+    user, cands = factory.user(server_cfg, 11, 4), factory.candidates(server_cfg, 5, 4)
+    req = make_body("frank", user, cands)
+    expected = model.forward_full(user, cands).sigmoid()
+    first = pod_a.post("/v1/score", json=req)
+    settle(pod_a)
+    pod_b = reading_large(make_client(redis=shared(flushed.url), **secret))
+    hit = pod_b.post("/v1/score", json=req).json()
+    assert hit["cache"] == "l2" and "tag" in hit["timings_ms"], hit
+    assert hit["scores"] == first.json()["scores"]
+    assert pod_b.post("/v1/score", json=req).json()["cache"] == "l1"  # verified, promoted
+    assert 'stage="tag"' in pod_b.get("/metrics").text
+    (key,) = flushed.cli("keys", "kvrank:default:*").stdout.split()
+    stranger = make_client(redis=shared(flushed.url), entry_secret="a guess at the secret")
+    assert stranger.post("/v1/score", json=req).json()["cache"] == "miss"  # and it writes ...
+    settle(stranger)  # ... its own entry over pod A's: one pod B's secret does not verify
+    forged = store.get(key)
+    for path in ("whole", "by reference"):
+        store.set(key, forged)
+        pod = reading_large(make_client(redis=shared(flushed.url), **secret))
+        if path == "whole":
+            doc = pod.post("/v1/score", json=req).json()
+            assert doc["cache"] == "miss", doc
+            assert torch.allclose(torch.tensor(doc["scores"]), expected, atol=1e-5)
+            settle(pod)
+            assert store.get(key) != forged  # made again and written over it
+            assert pod.post("/v1/score", json=req).json()["cache"] == "l1"
+        else:
+            by_ref = {"user_id": "frank", "candidates": req["candidates"]}
+            tag = {"If-Match": first.headers["etag"]}
+            answer = pod.post("/v1/score", json=by_ref, headers=tag)
+            assert answer.status_code == 412, answer.text
+            assert store.get(key) is None  # deleted: the caller resends its events
+        assert corrupt_counts(pod) == {"tag": 1, "model": 0}
