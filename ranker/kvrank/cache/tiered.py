@@ -15,6 +15,9 @@ for the entry as for any lock holder's. A hit in a farther tier is promoted to t
 local ones; a *demoted* tier (host memory) holds what the nearer one evicted for room. The
 cache owns its TTL policy and the entry codec (shared tiers hold bytes).
 Every tier failure and every corrupt entry is a miss; this module never raises for one.
+A lookup that only scores (``tag_beside``) may be handed a large shared-tier entry whose
+tag a worker thread is still checking, every other check made: the caller answers only once
+:meth:`Lookup.genuine` says so, and no local tier takes the entry before that.
 """
 
 from __future__ import annotations
