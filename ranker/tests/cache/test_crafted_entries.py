@@ -11,7 +11,10 @@ the cache with the model's own scores. Two kinds of writer:
   state this model can score.
 
 Each runs against a real redis-server and a real Redis Cluster, with two pods' caches (L1,
-host tier, Redis): nothing read from Redis reaches the model unchecked, and no tier admits it.
+host tier, Redis), and both ways an entry is opened: whole before it is handed over, and as
+a large entry read for scoring (its tag checked beside the scoring, every other check made
+first). Nothing read from Redis reaches the model without its framing, key, model and shape
+checks, nothing made from it is answered before its tag verified, and no tier admits it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kvrank.cache import (
     EntryCodec,
     HostStore,
     L1Store,
+    Lookup,
     ModelIdentity,
     Outcome,
     Reason,
@@ -60,10 +64,10 @@ async def pod(request, model, redis_server, redis_cluster, patient_s):
         url, cluster = redis_cluster.url, True
     made: list[TieredCache] = []
 
-    def make() -> TieredCache:
+    def make(**more: int) -> TieredCache:
         fp = model.cfg.fingerprint()
         settings = CacheSettings(
-            "ns", "v1", fp, model_digest=DIGEST, kv_dtype="fp32", secrets=(SECRET,)
+            "ns", "v1", fp, model_digest=DIGEST, kv_dtype="fp32", secrets=(SECRET,), **more
         )
         l2 = RedisStore(RedisSettings(url, cluster=cluster, op_timeout_s=patient_s))
         host = HostStore(10_000_000)
@@ -255,15 +259,29 @@ OUTSIDERS: dict[str, tuple[Crafter, Reason]] = {
 CRAFTED = {**INSIDERS, **OUTSIDERS}
 
 
+async def lookup_as_scoring(cache: TieredCache, key: CacheKey, creator: Any) -> Lookup:
+    """What the service does for a request it scores: a lookup whose large entry comes with
+    its tag still being checked, looked up again (a miss) if the tag then fails."""
+    found = await cache.get_or_create(key, 8, creator, tag_beside=True)
+    if await found.genuine():
+        return found
+    assert found.outcome is Outcome.L2  # handed over before its tag failed
+    return await cache.get_or_create(key, 8, creator, tag_beside=True)
+
+
+@pytest.mark.parametrize("tag", ["checked first", "checked beside scoring"])
 @pytest.mark.parametrize("case", CRAFTED.values(), ids=list(CRAFTED))
 async def test_a_crafted_entry_is_a_miss_counted_by_reason_made_again_and_then_served(
-    pod, model, factory, tiny_cfg, case
+    pod, model, factory, tiny_cfg, case, tag
 ) -> None:
+    """Both ways an entry is opened: its tag checked before it is handed over, and (every
+    entry read as a large one is) beside the scoring, with the same reasons."""
     craft, reason = case
+    beside = tag != "checked first"
     user, other = factory.user(tiny_cfg, 8, 1), factory.user(tiny_cfg, 8, 2)
     cands = factory.candidates(tiny_cfg, 6, 1)
     reference = model.forward_full(user, cands)
-    reader = pod()
+    reader = pod(off_loop_bytes=0) if beside else pod()
     key = reader.key("u", "h8")
     kv = model.encode_user(user)
     scene = Scene(
@@ -277,7 +295,10 @@ async def test_a_crafted_entry_is_a_miss_counted_by_reason_made_again_and_then_s
     async def create(prefix: object = None) -> Created:
         return Created(model.encode_user(user), Outcome.MISS, "encode")
 
-    found = await reader.get_or_create(key, 8, create)
+    if beside:
+        found = await lookup_as_scoring(reader, key, create)
+    else:
+        found = await reader.get_or_create(key, 8, create)
     assert found.outcome is Outcome.MISS
     assert reader.stats.corrupt == {reason.value: 1}
     torch.testing.assert_close(model.score(found.kv, cands), reference, atol=1e-5, rtol=0)
