@@ -7,6 +7,7 @@ The config fixes every tensor shape, so it also defines which cached K/V a model
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Literal
@@ -97,8 +98,16 @@ class ModelConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """Stable hash of every field: equal iff the tensor shapes and semantics match."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return _fingerprint(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(cfg: ModelConfig) -> str:
+    """:meth:`ModelConfig.fingerprint`, computed once per config (every score checks it;
+    a frozen config hashes and compares by its fields, so a copy with a change is another
+    key — never a value cached on the object, which ``model_copy`` would carry over)."""
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 QUICK = ModelConfig()
