@@ -201,13 +201,14 @@ def test_the_scale_subresource_and_an_autoscaler_owning_the_replicas(
 
 
 def plugin_spec(stack: Stack, name: str, canary: str | None = None) -> dict[str, Any]:
-    """The example plugin's RankerDeployment: its model in its own image (a derived one),
-    L1 only (the plugin's Redis paths are the ranker tests' business)."""
-    doc = stack.adapt(example("basic.yaml"))
+    """``examples/bring-your-own-model.yaml`` adapted to the run: the example plugin's model
+    in its own image (a derived one), L1 only (the plugin's Redis paths are the ranker
+    tests' business)."""
+    doc = stack.adapt(example("bring-your-own-model.yaml"))
     doc["metadata"]["name"] = name
     model = doc["spec"]["model"]
     model.update(image=stack.images.plugin, replicas=2, uri=stack.model_uri("s1", model=PLUGIN))
-    model.update(version="s1", resources={})
+    model.update(version="s1", resources={}, sha256=stack.artifact_sha256("s1", model=PLUGIN))
     doc["spec"]["cache"]["redis"] = dict(NOWHERE)
     if canary is not None:
         uri = stack.model_uri(canary, model=PLUGIN)
