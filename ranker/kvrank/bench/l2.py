@@ -39,17 +39,8 @@ from kvrank.model.ranker import RankerModel
 
 async def _round_trips(url: str, kv: UserKV, reps: int) -> dict[str, Any]:
     store = RedisStore(RedisSettings(url, op_timeout_s=10.0))
-    # L1 holds nothing: every read below goes to Redis and through the entry codec, sealed
-    # as a deployment seals (a secret, the artifact's digest)
-    settings = CacheSettings(
-        "bench",
-        kv.model_version,
-        kv.fingerprint,
-        model_digest="0" * 32,
-        kv_dtype=kv.kv_dtype,
-        secrets=(b"a deployment's entry secret....",),
-    )
-    cache = l1_and_redis(settings, L1Store(0), store)
+    # L1 holds nothing: every read below goes to Redis and through the entry codec
+    cache = l1_and_redis(_sealing(kv), L1Store(0), store)
     key = cache.key("u", "h")
     plain = aioredis.Redis.from_url(url)
     put_ms, get_ms, plain_ms, open_ms, tag_ms = [], [], [], [], []
@@ -111,7 +102,7 @@ def served_l2_hits(
 async def _served_l2_hits(
     url: str, model: RankerModel, kv: UserKV, candidates: Candidates, reps: int
 ) -> dict[str, Any]:
-    settings = _sealing(kv)
+    settings = _sealing(kv, off_loop_bytes=0)  # the tag beside, at either size
     writer = l1_and_redis(settings, L1Store(0), RedisStore(RedisSettings(url, op_timeout_s=10.0)))
     l1 = L1Store(4 * kv.nbytes)
     reader = l1_and_redis(
@@ -160,8 +151,9 @@ async def _served_l2_hits(
 MODES = ("inline", "beside")
 
 
-def _sealing(kv: UserKV) -> CacheSettings:
-    """A deployment's settings (a secret, the artifact's digest) for ``kv``'s model."""
+def _sealing(kv: UserKV, off_loop_bytes: int = OFF_LOOP_BYTES) -> CacheSettings:
+    """A deployment's settings for ``kv``'s model: entries sealed as a deployment seals
+    them (a secret, the artifact's digest)."""
     return CacheSettings(
         "bench",
         kv.model_version,
@@ -169,7 +161,7 @@ def _sealing(kv: UserKV) -> CacheSettings:
         model_digest="0" * 32,
         kv_dtype=kv.kv_dtype,
         secrets=(b"a deployment's entry secret....",),
-        off_loop_bytes=0,
+        off_loop_bytes=off_loop_bytes,
     )
 
 
