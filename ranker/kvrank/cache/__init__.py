@@ -32,6 +32,7 @@ from kvrank.cache.redis_store import RedisSettings, RedisStore, purge_namespace
 from kvrank.cache.store import Store
 from kvrank.cache.tiered import (
     LOCK_WAIT_S,
+    OFF_LOOP_BYTES,
     TAG_WAIT,
     CacheSettings,
     Created,
@@ -46,6 +47,7 @@ from kvrank.cache.tiered import (
 __all__ = [
     "CONSTANT_LABELS",
     "LOCK_WAIT_S",
+    "OFF_LOOP_BYTES",
     "SEQ_HASH_PATTERN",
     "TAG_WAIT",
     "AdaptiveTTL",
