@@ -306,10 +306,14 @@ class RankingService:
         came: tuple[float, str, str | None],
     ) -> ScoreResult:
         """Scores against the user's state from the nearest tier, else made; a cached state
-        whose scores are not finite is dropped and made again, once."""
+        whose scores are not finite, or whose tag failed while it was scored, is dropped and
+        looked up again, once — with every check made first: an entry forged again meanwhile
+        is then refused before it is handed over, and the state made."""
         start, protocol, hashed = came
-        for _ in range(2):
-            found, timings, seq_hash = await self._own_user_kv(user_id, user, ticket, hashed)
+        for attempt in range(2):
+            found, timings, seq_hash = await self._own_user_kv(
+                user_id, user, ticket, hashed, tag_beside=attempt == 0
+            )
             logits = await self._finite_scores(user_id, seq_hash, found, cands, timings)
             if logits is not None:
                 timings["total"] = _ms(start)
@@ -455,14 +459,14 @@ class RankingService:
         return None
 
     async def _own_user_kv(
-        self, user_id: str, user: UserInput, ticket: Ticket, hashed: str | None
+        self, user_id: str, user: UserInput, ticket: Ticket, hashed: str | None, tag_beside: bool
     ) -> tuple[Lookup, dict[str, float], str]:
         """:meth:`_user_kv`, made again for this request when the request it shared the
         computation with (same user, same history) was dropped: one caller leaving must not
         fail another."""
         while True:
             try:
-                return await self._user_kv(user_id, user, hashed, tag_beside=True)
+                return await self._user_kv(user_id, user, hashed, tag_beside)
             except Abandoned as exc:
                 if exc.ticket is ticket:
                     raise

@@ -364,3 +364,41 @@ def test_a_large_entry_is_scored_while_its_tag_is_checked_and_a_forged_one_is_ne
             assert answer.status_code == 412, answer.text
             assert store.get(key) is None  # deleted: the caller resends its events
         assert corrupt_counts(pod) == {"tag": 1, "model": 0}
+
+
+def test_an_entry_forged_again_before_the_second_lookup_is_still_a_miss_never_an_error(
+    make_client, flushed, model, factory, server_cfg, make_body
+) -> None:
+    """Someone rewrites the forged entry before every lookup: the first is scored beside its
+    tag and dropped, the second checks the tag before the entry is handed over, refuses it,
+    and the request is answered as a miss with the model's own scores."""
+    from dataclasses import replace
+
+    import redis
+
+    store = redis.Redis.from_url(flushed.url)
+    secret = {"entry_secret": "the deployment's entry secret"}
+    user, cands = factory.user(server_cfg, 10, 6), factory.candidates(server_cfg, 4, 6)
+    req = make_body("grace", user, cands)
+    stranger = make_client(redis=shared(flushed.url), entry_secret="a guess at the secret")
+    stranger.post("/v1/score", json=req)
+    settle(stranger)
+    (key,) = flushed.cli("keys", "kvrank:default:*").stdout.split()
+    forged = store.get(key)
+    pod = make_client(redis=shared(flushed.url), **secret)
+    cache = pod.app.state.kvrank.service.cache
+    cache.settings = replace(cache.settings, off_loop_bytes=0)  # read as a large entry
+    lookup, lookups = cache.get_or_create, []
+
+    async def forged_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        store.set(key, forged)
+        lookups.append(kwargs.get("tag_beside", args[4] if len(args) > 4 else False))
+        return await lookup(*args, **kwargs)
+
+    cache.get_or_create = forged_first
+    doc = pod.post("/v1/score", json=req)
+    assert doc.status_code == 200, doc.text
+    assert doc.json()["cache"] == "miss" and lookups == [True, False], (doc.json(), lookups)
+    expected = model.forward_full(user, cands).sigmoid()
+    assert torch.allclose(torch.tensor(doc.json()["scores"]), expected, atol=1e-5)
+    assert corrupt_counts(pod) == {"tag": 2, "model": 0}
