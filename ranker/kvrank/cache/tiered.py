@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -518,7 +519,8 @@ class TieredCache:
         started = time.perf_counter()
         beside = tag_beside and len(data) >= self.settings.off_loop_bytes
         try:
-            kv = await self._off_loop_if(len(data), self._open(not beside), key, data)
+            opening = functools.partial(self.codec.open, tag=not beside)
+            kv = await self._off_loop_if(len(data), opening, key, data)
         except Exception as exc:  # bytes from a shared store: any failure is a miss
             reason = exc.reason if isinstance(exc, CorruptEntryError) else Reason.PAYLOAD.value
             return await self._refused(tier, key, reason, exc, started)
@@ -528,10 +530,6 @@ class TieredCache:
             except Exception as exc:  # the model refused the state it would be handed
                 return await self._refused(tier, key, Reason.CHECK.value, exc, started)
         return kv, _ms(started), data if beside else None
-
-    def _open(self, tag: bool) -> Callable[[CacheKey, bytes], UserKV]:
-        codec = self.codec  # the secrets as they were when the entry was read
-        return lambda key, data: codec.open(key, data, tag=tag)
 
     async def _off_loop_if(
         self, size: int, fn: Callable[[CacheKey, A], R], key: CacheKey, arg: A
