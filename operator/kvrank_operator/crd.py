@@ -16,6 +16,7 @@ from kvrank_operator.crd_descriptions import described
 from kvrank_operator.spec import (
     CHECKS,
     HOST_PATH_REFUSED,
+    IMAGE_REFERENCE,
     ROUTING_MODES,
     SHADOW_CHECKS,
     URL_PASSWORD_MESSAGE,
@@ -65,9 +66,11 @@ _QUANTITY = {
 }
 _HTTP_URI = {
     "rule": "!self.uri.contains('://') || self.uri.startsWith('http://')"
-    " || self.uri.startsWith('https://') || self.uri.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*/')",
-    "message": "only http(s):// URLs, s3://bucket/prefix and gs://bucket/prefix are fetched;"
-    " other artifacts are a path in model.volume or baked into the image",
+    " || self.uri.startsWith('https://') || self.uri.matches('^(s3|gs)://[a-z0-9][a-z0-9._-]*/')"
+    f" || self.uri.matches('{IMAGE_REFERENCE}')",
+    "message": "only http(s):// URLs, s3://bucket/prefix, gs://bucket/prefix and"
+    " oci://<image reference> (a model image) are fetched; other artifacts are a path in"
+    " model.volume or baked into the image",
     "fieldPath": ".uri",
     "reason": "FieldValueInvalid",
 }
@@ -154,7 +157,8 @@ MODEL = _obj(
             " (credentials, region and endpoint from model.env: AWS_ACCESS_KEY_ID and"
             " AWS_SECRET_ACCESS_KEY from a Secret, or IRSA; AWS_ENDPOINT_URL for MinIO or Ceph)"
             " or gs://bucket/prefix (GOOGLE_SERVICE_ACCOUNT_KEY from a Secret, or GKE Workload"
-            " Identity).",
+            " Identity), or oci://<image reference>: a model image holding the artifact under"
+            " /models, mounted read-only as an image volume (Kubernetes 1.35+).",
         },
         "sha256": {
             "type": "string",

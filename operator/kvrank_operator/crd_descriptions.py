@@ -41,7 +41,8 @@ DESCRIPTIONS: dict[str, str] = {
     " namespace; with steps, rolled out and promoted or aborted by the operator. Removing it"
     " aborts a rollout.",
     "spec.canary.uri": "The canary's artifact location: a path in a mounted volume or the"
-    " image, an http(s):// URL, s3://bucket/prefix or gs://bucket/prefix (as model.uri).",
+    " image, an http(s):// URL, s3://bucket/prefix, gs://bucket/prefix or oci://<model image>"
+    " (as model.uri).",
     "spec.canary.weight": "Percent of the traffic (and replicas) the canary takes when it has"
     " no steps; it stays there until promoted in the spec.",
     "spec.canary.replicas": "Canary pods, instead of a weight's share of model.replicas (the"

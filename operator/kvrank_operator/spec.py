@@ -60,7 +60,19 @@ ROUTING_HEADER = "X-KVRank-User"
 """The header callers put the user id in (the rankers' ``routing_header`` default)."""
 MODELS_MOUNT = "/models"
 FETCHED_SCHEMES = ("http://", "https://", "s3://", "gs://")
-"""The artifact URIs a ranker downloads at start (any other `://` is refused at apply)."""
+"""The artifact URIs a ranker downloads at start."""
+IMAGE_SCHEME = "oci://"
+"""A model image: the artifact under :data:`IMAGE_MODEL_DIR` inside an OCI image (KServe's
+modelcar layout), mounted read-only into the pod as an image volume — pulled by the node and
+cached there like any image, nothing downloaded by the ranker."""
+IMAGE_MODEL_DIR = "/models"
+"""Where a model image holds its artifact (config.json + model.safetensors)."""
+IMAGE_REFERENCE = (
+    r"^oci://[a-z0-9]([a-z0-9._:-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
+"""An ``oci://`` model URI: ``oci://`` and an image reference (registry/repository, a tag
+and/or a digest). The CRD checks the same pattern."""
 
 
 @dataclass(frozen=True)
@@ -483,12 +495,14 @@ def parse_spec(spec: dict[str, Any], defaults: Defaults | None = None) -> Ranker
         ("model.uri", model.uri),
         ("canary.uri", (spec.get("canary") or {}).get("uri")),
     ):
-        if uri and "://" in uri and not uri.startswith(FETCHED_SCHEMES):
+        if uri and uri.startswith(IMAGE_SCHEME) and not re.match(IMAGE_REFERENCE, uri):
+            raise SpecError(fld, f"{uri!r} is not oci:// and an image reference")
+        if uri and "://" in uri and not uri.startswith((*FETCHED_SCHEMES, IMAGE_SCHEME)):
             raise SpecError(
                 fld,
                 f"scheme {uri.split('://', 1)[0]!r} is not supported: use a path in"
-                " model.volume (or baked into the image), an http(s):// URL, s3://bucket/prefix"
-                " or gs://bucket/prefix",
+                " model.volume (or baked into the image), an http(s):// URL, s3://bucket/prefix,"
+                " gs://bucket/prefix or oci://<model image>",
             )
     if "hostPath" in model.volume:
         raise SpecError("model.volume", HOST_PATH_REFUSED)

@@ -112,6 +112,16 @@ INVALID = [
     ("negative replicas", {"model": {**VALID["model"], "replicas": -1}}, "spec.model.replicas"),
     ("an hdfs:// artifact", {"model": {"version": "v1", "uri": "hdfs://nn/m"}}, "spec.model.uri"),
     (
+        "an oci:// model image that is no image reference",
+        {"model": {"version": "v1", "uri": "oci://Registry/Feed Model:v1"}},
+        "spec.model.uri",
+    ),
+    (
+        "a canary's oci:// model image with a short digest",
+        with_({"canary": {"version": "v2", "uri": "oci://ghcr.io/m@sha256:12", "weight": 5}}),
+        "spec.canary.uri",
+    ),
+    (
         "a gs:// URI without a bucket",
         {"model": {"version": "v1", "uri": "gs:///m"}},
         "spec.model.uri",

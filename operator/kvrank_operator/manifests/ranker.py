@@ -41,6 +41,8 @@ from kvrank_operator.manifests.common import (
     with_defaults,
 )
 from kvrank_operator.spec import (
+    IMAGE_MODEL_DIR,
+    IMAGE_SCHEME,
     MODELS_MOUNT,
     ROUTING_HEADER,
     RankerSpec,
@@ -52,6 +54,9 @@ FRONTS_MAX = 8
 """Front processes a pod runs at most when the operator derives their number."""
 RUN_MOUNT = "/run/kvrank"
 """Where a pod with fronts keeps the engine's socket and its processes' metrics files."""
+MODEL_IMAGE_MOUNT = "/model-image"
+"""Where an ``oci://`` model image is mounted (read-only; its artifact under
+``IMAGE_MODEL_DIR`` there)."""
 RANKER_UID = 10001
 """The ranker image's numeric user (images/ranker/Dockerfile)."""
 RANKER_STORAGE = {"ephemeral-storage": "1Gi"}, {"ephemeral-storage": "8Gi"}
@@ -165,6 +170,10 @@ def ranker_pod(
     knobs applied."""
     resources = ranker_resources(spec)
     volumes, mounts = _volumes(spec, instance, resources["limits"]["ephemeral-storage"])
+    if uri.startswith(IMAGE_SCHEME):
+        volumes.append(model_image_volume(uri))
+        mounts.append({"name": "model-image", "mountPath": MODEL_IMAGE_MOUNT, "readOnly": True})
+        uri = MODEL_IMAGE_MOUNT + IMAGE_MODEL_DIR
     knobs = spec.model.pod
     uid = spec.ids(RANKER_UID)
     security = restricted_pod(knobs.run_as_user or uid, fs_group=uid)
@@ -208,6 +217,18 @@ def ranker_pod(
     if not knobs.service_account_name:  # a named account may be there for its token
         pod.update(NO_API_TOKEN)
     return pod
+
+
+def model_image_volume(uri: str) -> dict[str, Any]:
+    """The image volume of an ``oci://`` model: pulled as a container image is (``Always``
+    for ``:latest`` or no tag, else ``IfNotPresent``: the API server's default, written out
+    so the desired pod states it)."""
+    reference = uri.removeprefix(IMAGE_SCHEME)
+    name = reference.split("@", 1)[0].rsplit("/", 1)[-1]
+    tag = name.split(":", 1)[1] if ":" in name else None
+    pinned = "@" in reference or tag not in (None, "latest")
+    policy = "IfNotPresent" if pinned else "Always"
+    return {"name": "model-image", "image": {"reference": reference, "pullPolicy": policy}}
 
 
 def _env(

@@ -13,7 +13,10 @@ from kvrank_operator.spec import namespace_for, parse_spec
 
 
 def test_deployment_carries_version_namespace_probes_and_gpu() -> None:
-    spec = parse_spec(example("basic.yaml"))
+    doc = example("basic.yaml")  # sized for a GPU node (docs/deployment.md, production)
+    limits = {"memory": "8Gi", "nvidia.com/gpu": 1}
+    doc["model"]["resources"] = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": limits}
+    spec = parse_spec(doc)
     dep = m.deployment(spec, "feed", "prod", "v1", "/models/v1", 2, "stable")
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -24,6 +27,7 @@ def test_deployment_carries_version_namespace_probes_and_gpu() -> None:
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert env["KVRANK_DEVICE"] == "cuda"  # a pod given a GPU computes on it
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -202,6 +206,44 @@ def test_url_artifacts_get_a_writable_download_cache(uri: str) -> None:
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     with pytest.raises(SpecError, match=r"spec\.model\.uri.*'hdfs'"):
         parse_spec({"model": {"version": "v1", "uri": "hdfs://nn/v1"}})
+
+
+@pytest.mark.parametrize(
+    ("reference", "policy"),
+    [
+        ("ghcr.io/kvrank/feed-ranker-model:v1", "IfNotPresent"),
+        ("registry.local:5000/models/feed:latest", "Always"),
+        ("registry.local:5000/models/feed", "Always"),
+        ("ghcr.io/kvrank/feed-ranker-model@sha256:" + "ab" * 32, "IfNotPresent"),
+    ],
+)
+def test_a_model_image_is_mounted_read_only_and_served_from_its_models_folder(
+    reference: str, policy: str
+) -> None:
+    """``oci://`` names a model image: an image volume the node pulls (as the API server
+    would default its policy), mounted read-only; the ranker reads the artifact under
+    ``/models`` in it and downloads nothing. Stable and canary each get their own image."""
+    canary = {"version": "v2", "uri": "oci://ghcr.io/kvrank/feed-ranker-model:v2", "weight": 20}
+    spec = parse_spec({"model": {"version": "v1", "uri": f"oci://{reference}"}, "canary": canary})
+    for version, role, want in (("v1", "stable", reference), ("v2", "canary", canary["uri"][6:])):
+        uri = spec.artifact_of(role)[0]
+        pod = m.deployment(spec, "feed", "prod", version, uri, 1, role)["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "model-image"]
+        assert volume["image"]["reference"] == want
+        assert volume["image"]["pullPolicy"] == (policy if role == "stable" else "IfNotPresent")
+        ranker = pod["containers"][0]
+        mount = next(x for x in ranker["volumeMounts"] if x["name"] == "model-image")
+        assert mount == {"name": "model-image", "mountPath": "/model-image", "readOnly": True}
+        env = {e["name"]: e.get("value") for e in ranker["env"]}
+        assert env["KVRANK_MODEL_DIR"] == "/model-image/models"
+    url = parse_spec({"model": {"version": "v1", "uri": "https://models.example/v1"}})
+    pod = m.deployment(url, "feed", "prod", "v1", url.model.uri, 1, "stable")["spec"]["template"][
+        "spec"
+    ]
+    assert not [v for v in pod["volumes"] if v["name"] == "model-image"]
+    for bad in ("oci://", "oci://Ghcr.io/Feed:v1", "oci://feed:v1 extra", "oci://feed@sha256:12"):
+        with pytest.raises(SpecError, match=r"spec\.model\.uri.*image reference"):
+            parse_spec({"model": {"version": "v1", "uri": bad}})
 
 
 def test_platform_knobs_reach_every_ranker_pod() -> None:
