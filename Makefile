@@ -20,6 +20,8 @@ IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # Where `make images` names its images and `make push-images` pushes them.
 REGISTRY ?= ghcr.io/kvrank
 IMAGE_NAMES := ranker operator redis router ranker-sasrec ranker-quickstart
+# The demo model images the examples serve (model.uri: oci://…), tagged by model version.
+MODEL_IMAGES := feed-ranker-model:v1 feed-ranker-model:v2 sasrec-model:s1
 # What `make push-images` writes (each image's digest) and `make release` pins the chart to.
 RELEASE_IMAGES ?= build/release-images.txt
 # The Dockerfiles' base; images/local-python-base.sh builds a stand-in where Docker Hub is unreachable.
@@ -191,7 +193,7 @@ cluster-up: venv services kube-bins ## Start the local cluster with its real nod
 cluster-down: ## Stop the cluster started by cluster-up and restore the host's network
 	@PYTHONPATH=e2e $(PY) -m localkube down $(CLUSTER_DIR)
 
-images: ## Build the ranker, operator, redis and router images, the example plugin's ranker image and the quickstart ranker (a small model inside) (needs a Docker engine; PYTHON_IMAGE= to change the base)
+images: ## Build the ranker, operator, redis and router images, the example plugin's ranker image, the quickstart ranker (a small model inside) and the examples' model images (needs a Docker engine; PYTHON_IMAGE= to change the base)
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
@@ -206,9 +208,15 @@ images: ## Build the ranker, operator, redis and router images, the example plug
 	  -t $(REGISTRY)/ranker-sasrec:$(IMAGE_TAG) $(PLUGIN)
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=$(REGISTRY)/ranker:$(IMAGE_TAG) \
 	  -t $(REGISTRY)/ranker-quickstart:$(IMAGE_TAG) images/quickstart
+	for version in v1 v2; do \
+	  docker build $(DOCKER_BUILD_FLAGS) --build-arg MODEL_VERSION=$$version \
+	    --build-arg QUICKSTART_IMAGE=$(REGISTRY)/ranker-quickstart:$(IMAGE_TAG) \
+	    -t $(REGISTRY)/feed-ranker-model:$$version images/feed-ranker-model || exit 1; done
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg RANKER_IMAGE=$(REGISTRY)/ranker-sasrec:$(IMAGE_TAG) \
+	  -f $(PLUGIN)/model.Dockerfile -t $(REGISTRY)/sasrec-model:s1 $(PLUGIN)
 
 push-images: ## Push what `make images` built to REGISTRY and write each image's digest to RELEASE_IMAGES (needs `docker login` to REGISTRY)
-	@bash scripts/push-images.sh "$(REGISTRY)" "$(IMAGE_TAG)" "$(RELEASE_IMAGES)" $(IMAGE_NAMES)
+	@bash scripts/push-images.sh "$(REGISTRY)" "$(IMAGE_TAG)" "$(RELEASE_IMAGES)" $(IMAGE_NAMES) $(MODEL_IMAGES)
 
 release: venv ## dist/: the wheels (kvrank, the example plugin), the chart package (its images pinned to their digests after `make push-images`) and SHA256SUMS of the checked-out commit, byte-identical each time it is built
 	@PY=$(PY) HELM="$(HELM)" IMAGE_TAG="$(IMAGE_TAG)" \

@@ -28,6 +28,8 @@ SLOTS: dict[str, tuple[str, ...]] = {
 """Where each pushed image goes in the chart's values."""
 PUBLISHED_ONLY = frozenset({"ranker-sasrec", "ranker-quickstart"})
 """Images a release pushes that the chart does not run (examples name them)."""
+MODEL_IMAGE = re.compile(r"^[a-z0-9-]+-model:[A-Za-z0-9_.-]+$")
+"""The examples' model images (``NAME-model:VERSION``): published, never run by the chart."""
 DIGEST_REF = re.compile(r"^(?P<repository>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
 
@@ -42,7 +44,7 @@ def read_images(text: str) -> dict[str, tuple[str, str]]:
         found = DIGEST_REF.match(ref.strip())
         if found is None:
             raise ValueError(f"line {number}: {line!r} is not 'NAME REPOSITORY@sha256:<64 hex>'")
-        if name not in SLOTS and name not in PUBLISHED_ONLY:
+        if name not in SLOTS and name not in PUBLISHED_ONLY and not MODEL_IMAGE.match(name):
             raise ValueError(f"line {number}: the chart runs no image named {name!r}")
         images[name] = (found["repository"], found["digest"])
     return images

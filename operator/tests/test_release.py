@@ -59,13 +59,17 @@ def test_a_release_is_byte_identical_each_time_and_holds_the_committed_sources(
 
 def pushed(names: list[str], registry: str = "registry.example/kvrank") -> str:
     """A file as ``make push-images`` writes it: each name with a digest of its own."""
-    lines = [f"{n} {registry}/{n}@sha256:{hashlib.sha256(n.encode()).hexdigest()}" for n in names]
+    lines = [
+        f"{n} {registry}/{n.split(':')[0]}@sha256:{hashlib.sha256(n.encode()).hexdigest()}"
+        for n in names
+    ]
     return "\n".join(lines) + "\n"
 
 
 def test_a_release_after_a_push_runs_every_image_by_its_digest(tmp_path: Path) -> None:
     images = tmp_path / "images.txt"
     names = ["ranker", "operator", "redis", "router", "ranker-sasrec", "ranker-quickstart"]
+    names += ["feed-ranker-model:v1", "feed-ranker-model:v2", "sasrec-model:s1"]  # the examples'
     images.write_text(pushed(names))
     env = {"RELEASE_IMAGES": str(images), "IMAGE_TAG": "9.8.7"}
     first, second = release(tmp_path / "a", **env), release(tmp_path / "b", **env)
