@@ -351,6 +351,7 @@ class LocalStack(Stack):
             assert node is not None
             node.images.import_from_docker(["docker"], self.docker.env, self.images.all())
             node.images.prune(keep={*self.images.all(), PAUSE_IMAGE})
+            node.images.name_by_id(self.images.examples)  # their model images back volumes
             self.prepare_namespaces()
             self.prometheus = start_prometheus(self.cluster, self.workdir / "prometheus", NS)
             self._start_s3()

@@ -70,6 +70,9 @@ class Images:
     quickstart: str
     """The ranker with the quickstart model inside, under the name ``examples/quickstart.yaml``
     gives it (that file is applied as it is)."""
+    examples: tuple[str, ...] = ()
+    """Every other image the examples name (ranker images, ``oci://`` model images), under
+    those names: the examples are applied as they are."""
 
     def all(self) -> tuple[str, ...]:
         return (
@@ -80,6 +83,7 @@ class Images:
             self.plugin_canary,
             self.router,
             self.quickstart,
+            *self.examples,
         )
 
 
@@ -162,9 +166,12 @@ def build_images(docker: Docker) -> Images:
         docker.env,
         600,
     )
-    quickstart = quickstart_image()
-    docker("tag", f"ghcr.io/kvrank/ranker-quickstart:{TAG}", quickstart)
+    named = example_images()
+    for ref in named:  # the product's images under the release tag the examples give them
+        if docker("image", "inspect", ref, check=False).returncode != 0:
+            docker("tag", f"{ref.rsplit(':', 1)[0]}:{TAG}", ref)
     prune_old_stages(docker)
+    (quickstart,) = (ref for ref in named if "/ranker-quickstart:" in ref)
     return Images(
         ranker,
         f"ghcr.io/kvrank/operator:{TAG}",
@@ -173,13 +180,24 @@ def build_images(docker: Docker) -> Images:
         canary,
         f"ghcr.io/kvrank/router:{TAG}",
         quickstart,
+        tuple(ref for ref in named if ref != quickstart),
     )
 
 
-def quickstart_image() -> str:
-    """The ranker image ``examples/quickstart.yaml`` names."""
-    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    return str(doc["spec"]["model"]["image"])
+def example_images() -> tuple[str, ...]:
+    """Every image the examples name: ``model.image``/``canary.image`` (a ranker image,
+    e.g. the quickstart's), and the model images of ``oci://`` URIs (``make images`` builds
+    them under those names)."""
+    refs: list[str] = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "RankerDeployment":
+                continue
+            for part in (doc["spec"]["model"], doc["spec"].get("canary") or {}):
+                refs += [part["image"]] if "image" in part else []
+                uri = str(part.get("uri", ""))
+                refs += [uri.removeprefix("oci://")] if uri.startswith("oci://") else []
+    return tuple(dict.fromkeys(refs))
 
 
 def prune_old_stages(docker: Docker) -> None:

@@ -126,6 +126,19 @@ class KindCluster(Cluster):
 
     def load_image(self, image: str) -> None:
         subprocess.run(["kind", "load", "docker-image", image, "--name", self.name], check=True)
+        # named by its id too, as a pull names it: an image volume's image is looked up so
+        image_id = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}}", image],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        listed = ["kind", "get", "nodes", "--name", self.name]
+        nodes = subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split()
+        for node in nodes:
+            subprocess.run(
+                ["docker", "exec", node, "ctr", "-n", "k8s.io", "images", "tag", "--force",
+                 image, image_id],
+                capture_output=True, check=True,
+            )  # fmt: skip
 
     def logs(self, lines: int = 30) -> str:
         out = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)

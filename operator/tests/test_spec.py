@@ -54,11 +54,15 @@ def test_semantic_errors_name_the_field(patch: dict, field: str) -> None:
 
 
 def test_canary_replica_split_by_weight() -> None:
-    spec = parse_spec(example("canary.yaml"))  # 5 replicas, weight 20
-    assert spec.replicas_of("canary") == 1 and spec.replicas_of("stable") == 4
+    spec = parse_spec(example("canary.yaml"))  # 2 replicas, weight 20: one pod each
+    assert spec.replicas_of("canary") == 1 and spec.replicas_of("stable") == 1
+    doc = example("canary.yaml")
+    five = parse_spec({**doc, "model": {**doc["model"], "replicas": 5}})
+    assert five.replicas_of("canary") == 1 and five.replicas_of("stable") == 4
     explicit = parse_spec(
         {
-            **example("canary.yaml"),
+            **doc,
+            "model": {**doc["model"], "replicas": 5},
             "canary": {"version": "v2", "uri": "/m2", "weight": 50, "replicas": 3},
         }
     )
