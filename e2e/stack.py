@@ -166,27 +166,23 @@ class Stack:
     def ttl_source(self) -> dict[str, Any]:
         return {"type": "pods"}
 
-    def model_claim(self, claim: str) -> None:
-        """A PersistentVolumeClaim ``claim`` holding the artifacts (``feed-ranker/<version>``
-        under its root), as a training job would leave them: a claim bound to a PersistentVolume
-        over the node's copy of the files (the pods mount the claim, never a hostPath)."""
+    def storage_for(self, claim: str) -> str:
+        """The cluster's storage for a claim an example makes (this cluster has no
+        provisioner): a PersistentVolume pre-bound to ``claim`` in the run's namespace, over an
+        empty folder of the node's that any pod's user may write. Returns its name (the
+        caller deletes it)."""
+        folder = self.workdir / "volumes" / claim
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o777)
         pv = f"{NS}-{claim}"
         self.apply_cluster(
             {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                       "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                      "hostPath": {"path": str(self.models), "type": "Directory"},
+                      "hostPath": {"path": str(folder), "type": "Directory"},
                       "claimRef": {"namespace": NS, "name": claim}}}
         )  # fmt: skip
-        self.apply(
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
-             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-                      "resources": {"requests": {"storage": "1Gi"}}}}
-        )  # fmt: skip
-        self.wait_for(
-            lambda: (self.get("pvc", claim) or {}).get("status", {}).get("phase") == "Bound",
-            f"pvc/{claim} bound",
-        )
+        return pv
 
     def apply_cluster(self, doc: dict[str, Any]) -> None:
         """A cluster-scoped object (removed with the cluster)."""

@@ -7,6 +7,7 @@ names none. (``quickstart.yaml`` is applied as it is in test_serving.)"""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,44 @@ def served_from(ranker: Ranker, version: str, image: str, model: str) -> None:
         assert volume["image"]["reference"] == model, volume
 
 
+def keda_crd(stack: Stack) -> None:
+    """KEDA's ScaledObject CRD in the cluster (from KEDA's Go module, as the operator tests
+    install it): what ``examples/autoscaling/keda-scaledobject.yaml`` needs to be admitted."""
+    fetched = subprocess.run(
+        ["bash", str(ROOT / "e2e" / "localkube" / "keda-crds.sh")],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    crd = Path(fetched) / "keda.sh_scaledobjects.yaml"
+    stack.cluster.kubectl("apply", "--server-side", "-f", str(crd))
+    stack.cluster.wait_established("scaledobjects.keda.sh")
+
+
+def autoscaled(stack: Stack, ranker: Ranker) -> None:
+    """``examples/autoscaling``'s recipes applied as written beside ``ranker``: the
+    HorizontalPodAutoscaler finds its scale subresource (AbleToScale; with no custom metrics
+    API here it scales nothing), the ScaledObject is admitted; the ranker still answers."""
+    recipes = ROOT / "examples" / "autoscaling"
+    keda_crd(stack)
+    try:
+        for recipe in ("hpa.yaml", "keda-scaledobject.yaml"):
+            stack.kubectl("apply", "-n", NS, "-f", str(recipes / recipe))
+
+        def able() -> dict[str, Any] | None:
+            hpa = stack.get("hpa", ranker.name) or {}
+            conditions = (hpa.get("status") or {}).get("conditions") or []
+            return next((c for c in conditions if c["type"] == "AbleToScale"), None)
+
+        condition = stack.wait_for(able, "the HPA's AbleToScale condition")
+        assert condition["status"] == "True", condition  # it read rkd/feed-ranker's scale
+        assert stack.get("scaledobject", ranker.name) is not None
+        resp = stack.score(ranker.name, REQUEST)
+        assert resp.status_code == 200, resp.text
+    finally:
+        for recipe in ("hpa.yaml", "keda-scaledobject.yaml"):
+            path = str(recipes / recipe)
+            stack.kubectl("delete", "-n", NS, "-f", path, "--ignore-not-found")
+
+
 def test_basic_then_canary_then_progressive_as_written_answer_the_readmes_request(
     stack: Stack, rankers: Rankers
 ) -> None:
@@ -55,6 +94,7 @@ def test_basic_then_canary_then_progressive_as_written_answer_the_readmes_reques
     answer = first.json()
     assert answer["model_version"] == "v1", answer
     assert len(answer["scores"]) == len(REQUEST["candidates"]["item_ids"]), answer
+    autoscaled(stack, ranker)
 
     # canary.yaml over it: v2 from its own model image beside v1, for a share of the users
     apply_example(stack, "canary.yaml")

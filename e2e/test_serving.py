@@ -274,46 +274,55 @@ def test_a_teams_own_model_serves_from_its_image_and_a_canary_brings_its_own_cod
     assert stack.score(ranker.version_name("s1"), still).status_code == 200
 
 
-def test_the_claim_and_url_examples_serve_and_delete_removes_everything_they_created(
+def test_the_claim_and_url_examples_serve_as_written_and_delete_removes_what_they_made(
     stack: Stack, rankers: Rankers
 ) -> None:
-    """``examples/pvc-model.yaml`` (only sized for this node): its model read from the
-    claim it names, mounted read-only. Beside it ``examples/url-model.yaml``, whose host and
-    sha256 are placeholders: its artifact under the same path on this run's artifact server,
-    pinned by the real sha256, downloaded at pod start into the pod's own download folder.
-    Deleting either RankerDeployment removes everything it made — and not the claim, which
-    is the user's."""
+    """``examples/pvc-model.yaml`` with ``examples/model-store/claim.yaml`` (the claim, and a
+    Job publishing the demo model onto it) and ``examples/url-model.yaml`` with
+    ``examples/model-store/http.yaml`` (an artifact server in the namespace), all applied as
+    written: one ranker reads its model from the claim mounted read-only, the other downloads
+    it at pod start; both answer ``examples/request.json``. Deleting either RankerDeployment
+    removes everything it made — and not the claim, which is the user's. (The cluster's
+    storage for the claim: a volume pre-bound to it, as a provisioner would make.)"""
+    store = ROOT / "examples" / "model-store"
     claim = example("pvc-model.yaml")["spec"]["model"]["volume"]["persistentVolumeClaim"]
-    stack.model_claim(claim["claimName"])
-    on_claim, by_url = rankers.new("claim"), rankers.new("url")
-    doc = stack.adapt(example("pvc-model.yaml"), artifact=False)
-    doc["metadata"]["name"] = on_claim.name
-    on_claim.apply(doc)
-    doc = stack.adapt(example("url-model.yaml"), artifact=False)
-    model = doc["spec"]["model"]
-    path = urlsplit(model["uri"]).path  # /feed-ranker/v4
-    model["uri"] = stack.model_uri(model["version"])
-    assert urlsplit(model["uri"]).path == path, (model["uri"], path)
-    model["sha256"] = stack.artifact_sha256(model["version"])
-    doc["metadata"]["name"] = by_url.name
-    by_url.apply(doc)
-    on_claim.wait_ready("from the claim", timeout=300)
-    by_url.wait_ready("from the URL", timeout=300)
-    (pod, *_) = on_claim.pods(version="v3")
-    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "models")
-    assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}, mount
-    assert on_claim.score("from-the-claim")["model_version"] == "v3"
-    (pod, *_) = by_url.pods(version="v4")
-    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["KVRANK_MODEL_DIR"] == model["uri"], env
-    assert by_url.score("from-the-url")["model_version"] == "v4"
-    for ranker in (on_claim, by_url):
-        assert {"statefulset", "job", "deployment", "pod"} <= {
-            kind.split(".")[0].split("/")[0] for kind in ranker.owned()
-        }, ranker.owned()
-        stack.kubectl("delete", "rkd", ranker.name, "-n", NS, "--wait=false")
-    for ranker in (on_claim, by_url):
-        stack.wait_for(lambda r=ranker: r.get() is None, f"rkd/{ranker.name} gone")
-        stack.wait_for(lambda r=ranker: not r.owned(), f"everything of {ranker.name} gone", 180)
-        assert not stack.endpoints(ranker.name)
-    assert stack.get("pvc", claim["claimName"]) is not None, "the user's claim stays"
+    volume = stack.storage_for(claim["claimName"])
+    try:
+        for path in (store / "claim.yaml", store / "http.yaml"):
+            stack.kubectl("apply", "-n", NS, "-f", str(path))
+        on_claim, by_url = (
+            rankers.from_example("pvc-model.yaml"),
+            rankers.from_example("url-model.yaml"),
+        )
+        on_claim.wait_ready("from the claim", timeout=420)
+        by_url.wait_ready("from the URL", timeout=420)
+        (pod, *_) = on_claim.pods(version="v1")
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        mount = next(m for m in mounts if m["name"] == "models")
+        assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}, mount
+        (pod, *_) = by_url.pods(version="v1")
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["KVRANK_MODEL_DIR"] == example("url-model.yaml")["spec"]["model"]["uri"], env
+        request = json.loads((ROOT / "examples" / "request.json").read_text())
+        answers = []
+        for ranker in (on_claim, by_url):
+            resp = stack.score(ranker.name, request)
+            assert resp.status_code == 200, resp.text
+            answers.append(resp.json())
+            assert answers[-1]["model_version"] == "v1", answers[-1]
+        # the same artifact by both roads: the same scores
+        assert answers[0]["scores"] == answers[1]["scores"], answers
+        for ranker in (on_claim, by_url):
+            assert {"statefulset", "job", "deployment", "pod"} <= {
+                kind.split(".")[0].split("/")[0] for kind in ranker.owned()
+            }, ranker.owned()
+            stack.kubectl("delete", "rkd", ranker.name, "-n", NS, "--wait=false")
+        for ranker in (on_claim, by_url):
+            stack.wait_for(lambda r=ranker: r.get() is None, f"rkd/{ranker.name} gone")
+            stack.wait_for(lambda r=ranker: not r.owned(), f"everything of {ranker.name} gone", 180)
+            assert not stack.endpoints(ranker.name)
+        assert stack.get("pvc", claim["claimName"]) is not None, "the user's claim stays"
+    finally:
+        for path in (store / "claim.yaml", store / "http.yaml"):
+            stack.kubectl("delete", "-n", NS, "-f", str(path), "--ignore-not-found", "--wait")
+        stack.cluster.kubectl("delete", "pv", volume, "--ignore-not-found")

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "docs" / "templates"
 CHART = ROOT / "charts" / "kvrank-operator"
 IGNORE = ROOT / "lint" / "kube-score-ignore.yaml"
 GRADES = {1: "CRITICAL", 5: "WARNING"}
@@ -60,9 +61,13 @@ def manifests(helm: str, workdir: Path) -> list[Path]:
             args += ["-f", str(values)]
         out.append(_write(workdir / f"{name}.yaml", _run(args)))
     cli = str(Path(sys.executable).parent / "kvrank-operator")
-    for example in sorted((ROOT / "examples").glob("*.yaml")):
+    shipped = [*sorted((ROOT / "examples").glob("*.yaml")), *sorted(TEMPLATES.glob("*.yaml"))]
+    for example in shipped:
         rendered = _run([cli, "render", "-f", str(example), "--namespace", "prod", "--pod-monitor"])
         out.append(_write(workdir / f"example-{example.name}", rendered))
+    # the objects the examples bring beside their RankerDeployments (a claim's publishing
+    # Job, an artifact server), as they are
+    out += sorted((ROOT / "examples" / "model-store").glob("*.yaml"))
     return out
 
 

@@ -185,18 +185,31 @@ def build_images(docker: Docker) -> Images:
 
 
 def example_images() -> tuple[str, ...]:
-    """Every image the examples name: ``model.image``/``canary.image`` (a ranker image,
-    e.g. the quickstart's), and the model images of ``oci://`` URIs (``make images`` builds
-    them under those names)."""
+    """Every image the examples name: a RankerDeployment's ``model.image``/``canary.image``
+    (a ranker image, e.g. the quickstart's) and the model images of its ``oci://`` URIs, and
+    the containers' and image volumes' images of the objects beside them
+    (``examples/model-store``) — ``make images`` builds each under its release tag or its
+    own."""
     refs: list[str] = []
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "image" and isinstance(value, str):
+                    refs.append(value)
+                elif key == "reference" and isinstance(value, str):
+                    refs.append(value)  # an image volume's
+                elif key == "uri" and isinstance(value, str) and value.startswith("oci://"):
+                    refs.append(value.removeprefix("oci://"))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc.get("kind") != "RankerDeployment":
-                continue
-            for part in (doc["spec"]["model"], doc["spec"].get("canary") or {}):
-                refs += [part["image"]] if "image" in part else []
-                uri = str(part.get("uri", ""))
-                refs += [uri.removeprefix("oci://")] if uri.startswith("oci://") else []
+            walk(doc)
     return tuple(dict.fromkeys(refs))
 
 

@@ -9,7 +9,11 @@ probes, volumes) is the end-to-end suite's job, on the local cluster's real node
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -107,3 +111,51 @@ def test_the_plugin_image_serves_its_own_architecture_as_non_root(
 def test_the_router_image_is_the_stock_envoy(docker: Docker, images: Images) -> None:
     out = docker("run", "--rm", "--read-only", "--cap-drop", "ALL", images.router, "--version")
     assert "/1.40.0/" in out.stdout, out.stdout
+
+
+def model_files(docker: Docker, ref: str, into: Path) -> tuple[list[str], Path]:
+    """The files a model image's layers hold (``docker save``), and its ``/models`` copied
+    to ``into``."""
+    saved = subprocess.run(
+        ["docker", "save", ref], capture_output=True, env=docker.env, check=True
+    ).stdout
+    names = []
+    with tarfile.open(fileobj=io.BytesIO(saved)) as archive:
+        manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
+        for layer in manifest[0]["Layers"]:
+            blob = archive.extractfile(layer)
+            assert blob is not None, layer
+            with tarfile.open(fileobj=io.BytesIO(blob.read())) as tar:
+                names += [m.name for m in tar.getmembers() if m.isfile()]
+    made = docker("create", "--entrypoint", "/none", ref).stdout.strip()
+    try:
+        docker("cp", f"{made}:/models", str(into))
+    finally:
+        docker("rm", made)
+    return names, into
+
+
+def test_the_examples_model_images_hold_one_checked_artifact_and_nothing_else(
+    docker: Docker, images: Images, tmp_path: Path
+) -> None:
+    """An ``oci://`` model image is FROM scratch: its artifact under /models (what a pod
+    mounts), no shell or Python; the artifact names the version its tag names, and v2 is
+    v1's weights under another version (so the progressive example promotes it)."""
+    from kvrank.model.artifact import load_ranker
+
+    models = [ref for ref in images.examples if "-model:" in ref]
+    assert {ref.rsplit("/", 1)[1] for ref in models} == {
+        "feed-ranker-model:v1",
+        "feed-ranker-model:v2",
+        "sasrec-model:s1",
+    }
+    weights = {}
+    for ref in models:
+        tag = ref.rsplit(":", 1)[1]
+        names, artifact = model_files(docker, ref, tmp_path / tag)
+        assert sorted(names) == sorted(f"models/{p.name}" for p in artifact.iterdir()), names
+        assert {"config.json", "model.safetensors"} <= {p.name for p in artifact.iterdir()}
+        model = load_ranker(artifact)
+        assert model.version == tag, (ref, model.version)
+        weights[tag] = (artifact / "model.safetensors").read_bytes()
+    assert weights["v1"] == weights["v2"]

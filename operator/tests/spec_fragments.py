@@ -9,6 +9,10 @@ from typing import Any
 import yaml
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples"
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "docs" / "templates"
+SPEC_FILES = sorted(EXAMPLE_DIR.glob("*.yaml")) + sorted(TEMPLATE_DIR.glob("*.yaml"))
+"""Every RankerDeployment the repository ships: the examples (they run as written) and the
+templates (a bucket's or a Redis Cluster's details of the user's to fill in)."""
 
 SECRET_REF = {"name": "s", "key": "k"}
 POD_KNOBS = {
@@ -24,8 +28,10 @@ POD_KNOBS = {
 
 
 def example(name: str) -> dict[str, Any]:
-    """The ``spec`` of ``examples/<name>``, as a user would apply it."""
-    spec: dict[str, Any] = yaml.safe_load((EXAMPLE_DIR / name).read_text())["spec"]
+    """The ``spec`` of ``examples/<name>`` (or ``docs/templates/<name>``), as a user would
+    apply it."""
+    path = EXAMPLE_DIR / name if (EXAMPLE_DIR / name).exists() else TEMPLATE_DIR / name
+    spec: dict[str, Any] = yaml.safe_load(path.read_text())["spec"]
     return spec
 
 

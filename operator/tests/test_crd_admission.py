@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from api_server import install_crds
-from spec_fragments import EXAMPLE_DIR, POD_KNOBS
+from spec_fragments import POD_KNOBS, SPEC_FILES
 
 from kvrank_operator.crd import API_VERSION
 
@@ -382,7 +382,7 @@ def test_a_valid_spec_is_admitted(admit, spec) -> None:
     assert admitted, message
 
 
-EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
+EXAMPLES = SPEC_FILES
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import yaml
 from api_server import install_crds
-from spec_fragments import EXAMPLE_DIR
+from spec_fragments import SPEC_FILES
 
 from kvrank_operator.kube import Kube, Owner, load_client
 from kvrank_operator.reconcile import Memory, reconcile
 from kvrank_operator.reconcilers.observe import Owned
 from kvrank_operator.render import redacted, render
 
-EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
+EXAMPLES = SPEC_FILES
 
 
 class CountingKube(Kube):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from spec_fragments import EXAMPLE_DIR
+from spec_fragments import EXAMPLE_DIR, SPEC_FILES
 
 from kvrank_operator.render import REDACTED
 
-EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
+EXAMPLES = SPEC_FILES
 CLI = str(Path(sys.executable).parent / "kvrank-operator")
 
 

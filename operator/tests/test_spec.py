@@ -14,7 +14,9 @@ def test_examples_parse() -> None:
     pvc = parse_spec(example("pvc-model.yaml"))
     assert pvc.model.volume["persistentVolumeClaim"]["claimName"] == "feed-models"
     url = parse_spec(example("url-model.yaml"))
-    assert url.model.uri.startswith("https://") and url.model.sha256
+    assert url.model.uri.startswith("http://") and url.model.sha256 is None
+    s3 = parse_spec(example("s3-model.yaml"))  # a template: the bucket's details are the user's
+    assert s3.model.uri.startswith("s3://") and s3.model.sha256
     basic = parse_spec(example("basic.yaml"))
     assert basic.model.version == "v1" and basic.canary is None
     assert basic.cache.redis.mode == "managed" and basic.cache.redis.shards == 3
