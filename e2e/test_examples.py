@@ -7,11 +7,11 @@ names none. (``quickstart.yaml`` is applied as it is in test_serving.)"""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
+from api_server import fetched_crds, install_crds
 from rankers import Ranker, Rankers, example
 from stack import NS, Stack
 
@@ -27,8 +27,9 @@ def apply_example(stack: Stack, name: str) -> None:
     stack.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / name))
 
 
-def model_image(doc: dict[str, Any]) -> str:
-    uri: str = doc["spec"]["model"]["uri"]
+def model_image(part: dict[str, Any]) -> str:
+    """The model image a spec's ``model`` or ``canary`` names (``oci://<image>``)."""
+    uri: str = part["uri"]
     assert uri.startswith("oci://"), uri
     return uri.removeprefix("oci://")
 
@@ -44,24 +45,14 @@ def served_from(ranker: Ranker, version: str, image: str, model: str) -> None:
         assert volume["image"]["reference"] == model, volume
 
 
-def keda_crd(stack: Stack) -> None:
-    """KEDA's ScaledObject CRD in the cluster (from KEDA's Go module, as the operator tests
-    install it): what ``examples/autoscaling/keda-scaledobject.yaml`` needs to be admitted."""
-    fetched = subprocess.run(
-        ["bash", str(ROOT / "e2e" / "localkube" / "keda-crds.sh")],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    crd = Path(fetched) / "keda.sh_scaledobjects.yaml"
-    stack.cluster.kubectl("apply", "--server-side", "-f", str(crd))
-    stack.cluster.wait_established("scaledobjects.keda.sh")
-
-
 def autoscaled(stack: Stack, ranker: Ranker) -> None:
     """``examples/autoscaling``'s recipes applied as written beside ``ranker``: the
     HorizontalPodAutoscaler finds its scale subresource (AbleToScale; with no custom metrics
     API here it scales nothing), the ScaledObject is admitted; the ranker still answers."""
     recipes = ROOT / "examples" / "autoscaling"
-    keda_crd(stack)
+    # KEDA's ScaledObject CRD (from KEDA's Go module, as the operator tests install it)
+    crds = fetched_crds("keda-crds.sh")
+    install_crds(stack.cluster, [crds / "keda.sh_scaledobjects.yaml"], ["scaledobjects.keda.sh"])
     try:
         for recipe in ("hpa.yaml", "keda-scaledobject.yaml"):
             stack.kubectl("apply", "-n", NS, "-f", str(recipes / recipe))
@@ -88,7 +79,9 @@ def test_basic_then_canary_then_progressive_as_written_answer_the_readmes_reques
     ranker = rankers.from_example("basic.yaml")
     ranker.wait_ready("as basic.yaml is written", 420)
     # the chart's default ranker image, the model image basic.yaml names
-    served_from(ranker, "v1", stack.images.ranker, model_image(example("basic.yaml")))
+    served_from(
+        ranker, "v1", stack.images.ranker, model_image(example("basic.yaml")["spec"]["model"])
+    )
     first = stack.score(ranker.name, REQUEST)
     assert first.status_code == 200, first.text
     answer = first.json()
@@ -99,7 +92,7 @@ def test_basic_then_canary_then_progressive_as_written_answer_the_readmes_reques
     # canary.yaml over it: v2 from its own model image beside v1, for a share of the users
     apply_example(stack, "canary.yaml")
     ranker.wait_condition("CanaryReady", "True", 420)
-    canary = example("canary.yaml")["spec"]["canary"]["uri"].removeprefix("oci://")
+    canary = model_image(example("canary.yaml")["spec"]["canary"])
     served_from(ranker, "v2", stack.images.ranker, canary)
     versions = set()
     for i in range(40):
@@ -133,8 +126,8 @@ def test_bring_your_own_model_as_written_serves_the_teams_image_and_model_image(
     doc = example("bring-your-own-model.yaml")
     ranker = rankers.from_example("bring-your-own-model.yaml")
     ranker.wait_ready("as bring-your-own-model.yaml is written", 420)
-    served_from(ranker, "s1", doc["spec"]["model"]["image"], model_image(doc))
-    model = load_ranker(artifact_of(stack, model_image(doc), tmp_path / "s1"))
+    served_from(ranker, "s1", doc["spec"]["model"]["image"], model_image(doc["spec"]["model"]))
+    model = load_ranker(artifact_of(stack, model_image(doc["spec"]["model"]), tmp_path / "s1"))
     g = torch.Generator().manual_seed(7)
     user, candidates = example_user(model.features, 9, g), example_candidates(model.features, 6, g)
     body = body_for(model.features, "byom-user", user, candidates)

@@ -191,20 +191,16 @@ class NodeImages:
                 log.seek(0)
                 raise RuntimeError(f"importing {refs} failed: {log.read().decode()[-2000:]}")
 
-    def name_by_id(self, refs: Sequence[str]) -> list[str]:
+    def name_by_id(self, refs: Sequence[str]) -> None:
         """Name each of ``refs`` also by its id (``sha256:`` of its config), as a pull through
         the kubelet does: for an image volume the kubelet hands containerd that id, which
         containerd then looks up by name — an imported image has none, and its pods fail
-        with ``ImageVolumeMountFailed ... not found`` (kind's ``load`` meets the same).
-        Returns the names made."""
-        names = []
+        with ``ImageVolumeMountFailed ... not found`` (kind's ``load`` meets the same)."""
         for ref in refs:
             digest = self.config_digest(ref)
             if digest is None:
                 raise RuntimeError(f"the node holds no image {ref}")
             self.ctr("images", "tag", "--force", ref, digest)
-            names.append(digest)
-        return names
 
     def prune(self, keep: set[str]) -> list[str]:
         """Remove every image but ``keep`` (older builds, the ``sha256:`` names an import
