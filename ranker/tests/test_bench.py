@@ -62,8 +62,10 @@ def test_quick_bench_writes_complete_json(tmp_path: Path, kvrank_cli) -> None:
     assert set(rt) == {"bf16", "int8_compact", "served_bf16"}
     served = rt.pop("served_bf16")  # L2 hits scored and answered, the tag first or beside
     assert served["entry_bytes"] == rt["bf16"]["entry_bytes"] and served["candidates"] == 100
-    assert served["hit_inline_p50_ms"] > served["score_p50_ms"] > 0
-    assert served["hit_beside_p50_ms"] > served["score_p50_ms"]
+    # a hit includes its own scoring, hit by hit (medians of the two, taken apart, need not
+    # be ordered on a loaded machine)
+    assert served["score_p50_ms"] > 0
+    assert served["hit_inline_less_score_p50_ms"] > 0 and served["hit_beside_less_score_p50_ms"] > 0
     assert 0 < served["share_beside"] < 1 and 0 < served["share_inline"] < 1
     assert served["served"] == "inline"  # a quick entry is under a worker thread's size
     assert "An L2 hit served (bf16" in proc.stdout

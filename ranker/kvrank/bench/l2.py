@@ -108,7 +108,8 @@ async def _served_l2_hits(
         settings, l1, RedisStore(RedisSettings(url, op_timeout_s=10.0)), check=model.check_kv
     )
     key = writer.key("served", "h")
-    times: dict[str, list[float]] = {m: [] for m in (*MODES, "score", "tag", "wait", "checks")}
+    kinds = (*MODES, *(f"{m}_less_score" for m in MODES), "score", "tag", "wait", "checks")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     try:
         await writer.put(key, kv, kv.length)
         raw = await writer.tiers[-1].store.get(key)
@@ -120,6 +121,7 @@ async def _served_l2_hits(
                 hit, score_ms, wait_ms = await _one_hit(reader, key, kv, model, candidates, mode)
                 if i:  # the first round warms up
                     times[mode].append(hit)
+                    times[f"{mode}_less_score"].append(hit - score_ms)  # this hit's own
                     times["score"].append(score_ms)
                     times["wait"] += [wait_ms] if mode == "beside" else []
             if i:  # each a median of its own: alone they take microseconds
@@ -136,6 +138,9 @@ async def _served_l2_hits(
         "hit_inline_p50_ms": p50["inline"],
         "hit_beside_p50_ms": p50["beside"],
         "score_p50_ms": p50["score"],
+        # each hit's time less its own scoring's: the lookup, the checks and the tag's wait
+        "hit_inline_less_score_p50_ms": p50["inline_less_score"],
+        "hit_beside_less_score_p50_ms": p50["beside_less_score"],
         "tag_p50_ms": p50["tag"],
         "tag_wait_p50_ms": p50["wait"],
         "checks_p50_ms": p50["checks"],
