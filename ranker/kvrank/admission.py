@@ -23,10 +23,14 @@ or the server's default) and is *admitted* before any model work:
   leave sooner: the pod learns how long they wait (:class:`Patience`, from the ones that
   disconnected) and gives the next ones that long, budgeted by ``budget_share`` as a stated
   deadline is — callers that give up after a second without saying so are then shed like
-  callers that say so, instead of queueing for a deadline they never had.
+  callers that say so, instead of queueing for a deadline they never had. What is learned
+  also ends the deadlines of such requests admitted before it was: the queue a spike's
+  first second admitted under the default is dropped as it comes up, not worked through
+  for callers that left (each one the model reached would be about to leave).
 - once admitted, every piece of model work checks, as the model thread picks it up, that
-  it can end before the deadline (by what that kind of work takes) and that the caller is
-  still connected; if not, the work is dropped, never computed (an
+  it can end before the deadline (by what that kind of work takes, and for a request's
+  encode or extension the score that must follow it too) and that the caller is still
+  connected; if not, the work is dropped, never computed (an
   :class:`~kvrank.errors.Abandoned`).
 
 A request that finds more ahead of it than estimated (the model thread slowed by the spike
@@ -138,6 +142,12 @@ class Deadline:
     started: float = 0.0
     left_after_s: float | None = None
     """How long the caller waited before it left."""
+    waits: Callable[[], float | None] | None = None
+    """For a deadline the pod chose (the caller sent none): how long such callers are
+    seen to wait (:meth:`Patience.estimate_s`). Once that is known the deadline ends no
+    later than that after the request came, also for requests admitted before it was: a
+    queue admitted under the default when a spike began is not worked through for callers
+    that have gone."""
 
     @classmethod
     def after_ms(
@@ -159,8 +169,13 @@ class Deadline:
         self.left_after_s = self.clock() - self.started
         return True
 
+    def due(self) -> float:
+        """When the caller stops waiting (``at``, or sooner as :attr:`waits` says)."""
+        waited = self.waits() if self.waits is not None else None
+        return self.at if waited is None else min(self.at, self.started + waited)
+
     def left_s(self) -> float:
-        return self.at - self.clock()
+        return self.due() - self.clock()
 
     def reason_to_drop(self) -> str | None:
         """``disconnected`` or ``deadline`` when the work is no longer wanted, else ``None``."""
@@ -202,6 +217,11 @@ def current_ticket() -> Ticket | None:
     return _CURRENT.get()
 
 
+PATIENCE_STANDS_S = 0.1
+"""How long an estimate of the callers' patience is reused before it is made again (a
+departure makes it again at once)."""
+
+
 class Patience:
     """How long callers that send no deadline wait, learned from the ones that left: the
     ``quantile`` of the waits of the last ``keep`` departures within ``window_s`` (``None``
@@ -218,16 +238,24 @@ class Patience:
         self.quantile, self.clock = quantile, clock
         self.keep, self.at_least, self.window_s = keep, at_least, window_s
         self._left: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._known: tuple[float, float | None] | None = None
+        """The last estimate and until when it stands (every admitted default deadline
+        asks for it, many times a request)."""
 
     def observe(self, waited_s: float) -> None:
         self._left.append((self.clock(), waited_s))
+        self._known = None
 
     def estimate_s(self) -> float | None:
-        since = self.clock() - self.window_s
-        waits = sorted(w for at, w in self._left if at >= since)
-        if len(waits) < self.at_least:
-            return None
-        return waits[round(self.quantile * (len(waits) - 1))]
+        now = self.clock()
+        if self._known is not None and now < self._known[0]:
+            return self._known[1]
+        waits = sorted(w for at, w in self._left if at >= now - self.window_s)
+        estimate = (
+            waits[round(self.quantile * (len(waits) - 1))] if len(waits) >= self.at_least else None
+        )
+        self._known = (now + PATIENCE_STANDS_S, estimate)
+        return estimate
 
 
 @dataclass
@@ -280,8 +308,11 @@ class Admission:
         default_ms = float(self.settings.default_timeout_ms)
         patience_s = self.patience.estimate_s()
         if patience_s is None or patience_s * 1e3 >= default_ms:
-            return Deadline.after_ms(default_ms - lag_ms, self.clock, share=1.0, stated=False)
-        return Deadline.after_ms(patience_s * 1e3 - lag_ms, self.clock, stated=False)
+            chosen = Deadline.after_ms(default_ms - lag_ms, self.clock, share=1.0, stated=False)
+        else:
+            chosen = Deadline.after_ms(patience_s * 1e3 - lag_ms, self.clock, stated=False)
+        chosen.waits = self.patience.estimate_s
+        return chosen
 
     @property
     def inflight(self) -> int:
@@ -291,7 +322,11 @@ class Admission:
         """What a request admitted now would wait before its own model work: what every
         admitted request has still to do (a request's worth less its model time so far),
         and at least the work queued on the model thread."""
-        owed = sum(max(self.cost_s - t.model_s, 0.0) for t in self.admitted)
+        owed = sum(
+            max(self.cost_s - t.model_s, 0.0)
+            for t in self.admitted
+            if t.deadline.reason_to_drop() is None  # the others are dropped as they come up
+        )
         return max(owed, self.queued_work_s())
 
     def retry_after_s(self) -> int:

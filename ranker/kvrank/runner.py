@@ -50,6 +50,12 @@ COST_DECAY = 0.9
 _MODEL_THREAD: ThreadPoolExecutor | None = None
 SCORE = "score"
 """The kind of work that finishes a request: run before any other queued work."""
+SCORED_AFTER = ("encode", "extend")
+"""Stages of a request that its score follows: such work starts only if what follows it
+fits before the deadline too — the score, and one more piece of work as long as this one
+(the request's task queues its score from the event loop, and the thread may start the
+next piece meanwhile). Else its model time would go to an answer past the deadline: under
+a queue, the oldest work still wanted is the work whose caller is about to leave."""
 BATCH_ROWS = {"cpu": 512, "cuda": 16_384}
 """Padded candidate rows one scoring pass takes at most, by device type (others: the
 CPU's). A CPU pass of a few hundred rows already keeps the cores busy, and a larger one
@@ -205,8 +211,11 @@ class ModelRunner:
             return False
         try:
             if job.check is not None:
+                need = job.expected_s
+                if job.check in SCORED_AFTER:
+                    need += job.expected_s + self._cost_s.get(SCORE, 0.0)
                 for ticket in job.tickets:
-                    ticket.check(job.check, job.expected_s)
+                    ticket.check(job.check, need)
         except BaseException as exc:  # the caller's to hear, as run_in_executor does
             job.done.set_exception(exc)
             return False

@@ -271,6 +271,30 @@ def test_callers_without_a_deadline_that_leave_early_are_given_the_time_they_wai
     assert slow.deadline().left_s() == pytest.approx(5.0)
 
 
+def test_requests_admitted_under_the_default_end_once_the_callers_wait_is_learned(clock) -> None:
+    """A spike's first second is admitted under the 5 s default (nobody has left yet). Once
+    the pod sees such callers leave after a second, the requests it admitted before end a
+    second after they came too: dropped as the model thread reaches them, and no longer in
+    the wait a new request is told — not worked through for callers that have gone."""
+    admission = Admission(AdmissionSettings(), clock=clock)
+    measured(admission, clock, 0.05)
+    with contextlib.ExitStack() as held:
+        early = [held.enter_context(admission.admit(admission.deadline())) for _ in range(4)]
+        assert admission.estimated_wait_s() == pytest.approx(4 * 0.05)
+        clock.now += 0.6
+        stated = held.enter_context(admission.admit(Deadline.after_ms(3_000, clock)))
+        clock.now += 0.6  # the early ones came 1.2 s ago
+        early[0].check("encode")  # nothing learned yet: the default's 5 s still hold
+        for _ in range(8):
+            admission.patience.observe(1.0)  # eight such callers left after a second
+        with pytest.raises(Abandoned) as late:
+            early[1].check("encode")
+        assert late.value.reason == "deadline"
+        assert admission.estimated_wait_s() == pytest.approx(0.05)  # the stated one's only
+        stated.check("encode")  # a caller that said how long it waits is taken at its word
+        assert stated.deadline.left_s() == pytest.approx(2.4)
+
+
 def test_the_learned_wait_is_forgotten_once_callers_stop_leaving(clock) -> None:
     admission = Admission(AdmissionSettings(patience_quantile=0.1), clock=clock)
     for waited in (0.2, 0.9, 1.0, 1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 3.0):

@@ -16,7 +16,7 @@ from kvrank.admission import _CURRENT, Deadline, Ticket
 from kvrank.errors import Abandoned, IncompatibleKVError
 from kvrank.model.checks import EXACT_TOLERANCE
 from kvrank.model.config import TINY
-from kvrank.runner import ModelRunner
+from kvrank.runner import SCORE, ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +172,37 @@ def test_a_window_holds_scores_back_until_they_can_share_a_pass(model, requests)
     got = asyncio.run(main())
     assert runner.passes == 1  # all of them arrived within the window
     assert all(near(a, b) for a, b in zip(got, alone(model, requests), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("left_ms", "stage", "runs"),
+    [(150, "encode", False), (400, "encode", True), (150, "full", True)],
+)
+def test_a_requests_encode_starts_only_if_its_score_can_follow_before_the_deadline(
+    model, left_ms, stage, runs
+) -> None:
+    """With 150 ms left, an encode of 50 ms is not started: its score (100 ms) could not
+    follow in time, nor the next piece of work the thread may take first — that request's
+    model time would buy an answer nobody reads. A request's whole work (``full``) needs
+    only its own time."""
+    runner = ModelRunner(model)
+    runner._cost_s.update({"work": 0.05, SCORE: 0.1})  # what each kind took of late
+    ran: list[str] = []
+
+    def work() -> None:
+        ran.append(stage)
+
+    async def for_ticket() -> None:
+        token = _CURRENT.set(Ticket(Deadline.after_ms(left_ms)))
+        try:
+            await runner.run(work, stage=stage)
+        finally:
+            _CURRENT.reset(token)
+
+    if runs:
+        asyncio.run(for_ticket())
+        assert ran == [stage]
+    else:
+        with pytest.raises(Abandoned) as late:
+            asyncio.run(for_ticket())
+        assert (late.value.reason, late.value.stage, ran) == ("deadline", stage, [])

@@ -85,6 +85,8 @@ class Engine:
                 deadline = Deadline(
                     message.at, share=message.share, stated=message.stated, started=message.started
                 )
+                if not message.stated:  # what the engine learns ends it, as in one process
+                    deadline.waits = self.service.admission.patience.estimate_s
                 waiting[call_id] = deadline
                 try:
                     result = await self._score(message, deadline)
