@@ -6,6 +6,9 @@
 #   - a production-size artifact served by kvrank serve on the GPU and on the CPU side by side
 #     (benchmarks/bench_serving_device.py), fp32 and bf16: equal scores, miss and L1-hit latency,
 #     and the L1 hit by each protocol (JSON, JSON by reference, v2 HTTP binary, v2 gRPC);
+#   - the highest rate of production-size L1 hits (by reference) and of misses one pod answers
+#     with client p99 within 14 ms and within 5 ms, open loop, bf16, C = 100, with the GPU's
+#     utilisation (benchmarks/bench_rate.py; with DEVICE=cpu, 16 users at a few requests a second);
 #   - kvrank check-model --device "$device" on a trained quick artifact (the load-time checks, on
 #     the GPU).
 # Usage: benchmarks/cuda.sh OUT_DIR   (PYTHON: the interpreter with kvrank importable;
@@ -46,6 +49,10 @@ for dtype in fp32 bf16; do
     --compute-dtype "$dtype" --devices "$device",cpu --protocols json,json-ref,v2-http,v2-grpc \
     --json "$out/serving-production-$dtype.json"
 done
+rate_args=()
+[ "$device" = cpu ] && rate_args=(--users 16 --start-rate 2 --miss-start-rate 1 --step-s 3 --refine 1)
+STEP_TIMEOUT_S=480 step rate-production-bf16 "$py" "$here/bench_rate.py" --size production \
+  --compute-dtype bf16 --device "$device" "${rate_args[@]}" --json "$out/rate-production-bf16.json"
 model=$(mktemp -d)/quick
 step train-quick "$py" -m kvrank train --profile quick --steps 60 --out "$model"
 step check-model "$py" -m kvrank check-model "$model" --device "$device" \

@@ -243,3 +243,40 @@ def test_the_redis_fault_benchmark_answers_through_a_killed_restarted_and_forged
     assert set(one["total"]["refused"]) <= {"503", "504"}, one["total"]
     assert list(one["phases"]) == list(PHASES)
     assert sum(p["requests"] for p in one["phases"].values()) == one["total"]["requests"] == 72
+
+
+@pytest.mark.slow
+def test_the_rate_benchmark_climbs_until_a_bound_breaks_and_reports_each_bounds_highest_rate() -> (
+    None
+):
+    """A short run of what ``make bench-cuda`` measures on a GPU (here the tiny model on the
+    CPU): an open loop of L1 hits by reference, then of misses, at climbing rates. Every
+    step's answers are the kind it asked for, the climb stops at the first step outside the
+    largest bound (or the ceiling), and each bound's highest rate is that of a step that kept
+    every answer right and its p99 within it — whatever this machine's speed."""
+    import argparse
+
+    from bench_rate import run, within
+
+    args = argparse.Namespace(
+        size="tiny", compute_dtype="fp32", device="cpu", users=4, candidates=5, fronts=1,
+        clients=1, l1_bytes=None, hit_protocol="json-ref", bounds="2000,100", start_rate=4.0,
+        miss_start_rate=4.0, factor=2.0, refine=1, ceiling=16.0, step_s=1.0,
+    )  # fmt: skip
+    report = run(args)
+    assert report["bounds_ms"] == [100.0, 2000.0]
+    for kind, expect in (("hits", "200 l1"), ("misses", "200 miss")):
+        steps = report[kind]["steps"]
+        rates = [s["rate"] for s in steps]
+        assert rates[0] == 4.0 and max(rates) <= 16.0, (kind, rates)
+        for s in steps:
+            assert s["requests"] == int(s["rate"] * args.step_s), (kind, s)
+            assert s["all_right"] and set(s["answers"]) == {expect}, (kind, s)
+            assert s["pod_busy_cores"] > 0 and s["gpu_util_percent"] is None
+        climbed = [s for s in steps if s["rate"] in (4.0, 8.0, 16.0)]
+        # the climb ends at the first step outside the largest bound, or at the ceiling
+        assert all(within(s, 2000.0) for s in climbed[:-1]), (kind, climbed)
+        for bound in (100.0, 2000.0):
+            best = report[kind]["best_rate_per_s"][f"p99_le_{bound:g}_ms"]
+            passing = [s["rate"] for s in steps if within(s, bound)]
+            assert best == (max(passing) if passing else None), (kind, bound, steps)
