@@ -285,6 +285,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.l1_bytes:
         flags += ["--l1-bytes", str(args.l1_bytes)]
     env = {"KVRANK_TTL_FIXED_SECONDS": "3600"}  # no user expires during the run
+    if args.cuda_graphs:
+        env["KVRANK_CUDA_GRAPHS"] = "true"
     (work / "ranker").mkdir()
     ranker = RankerProcess.start(model_dir, work / "ranker", *flags, env=env, timeout_s=600.0)
     spawn = multiprocessing.get_context("spawn")
@@ -321,7 +323,8 @@ def show(report: dict[str, Any]) -> None:
     console = Console()
     for kind in ("hits", "misses"):
         table = Table(
-            title=f"{kind}: {s['size']} ({s['compute_dtype']}) on {s['device']},"
+            title=f"{kind}: {s['size']} ({s['compute_dtype']}) on {s['device']}"
+            f"{' with CUDA graphs' if s['cuda_graphs'] else ''},"
             f" C={s['candidates']}, {s['fronts']} fronts, {s['clients']} client processes"
         )
         for col in ("rate/s", "achieved/s", "p50 ms", "p99 ms", "answers", "late p99", "util"):
@@ -355,6 +358,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=max(1, cpus // 4), help="load processes")
     p.add_argument("--l1-bytes", type=int, default=None, help="default: the server's")
     p.add_argument("--hit-protocol", choices=("json-ref", "json"), default="json-ref")
+    p.add_argument("--cuda-graphs", action="store_true", help="the server's cuda_graphs")
     p.add_argument("--bounds", default="14,5", help="client p99 bounds, ms")
     p.add_argument("--start-rate", type=float, default=250.0, help="hits per second")
     p.add_argument("--miss-start-rate", type=float, default=25.0)

@@ -9,6 +9,10 @@
 #   - the highest rate of production-size L1 hits (by reference) and of misses one pod answers
 #     with client p99 within 14 ms and within 5 ms, open loop, bf16, C = 100, with the GPU's
 #     utilisation (benchmarks/bench_rate.py; with DEVICE=cpu, 16 users at a few requests a second);
+#   - scoring passes replayed from CUDA graphs against the same passes eager
+#     (benchmarks/bench_graphs.py: production size, fp32 and bf16, 1/8/32 users, C = 50/100/200;
+#     with DEVICE=cpu the tiny model's bucketed passes, eager), and the rate search again with
+#     the server's cuda_graphs on (a GPU only);
 #   - kvrank check-model --device "$device" on a trained quick artifact (the load-time checks, on
 #     the GPU).
 # Usage: benchmarks/cuda.sh OUT_DIR   (PYTHON: the interpreter with kvrank importable;
@@ -53,6 +57,15 @@ rate_args=()
 [ "$device" = cpu ] && rate_args=(--users 16 --start-rate 2 --miss-start-rate 1 --step-s 3 --refine 1)
 STEP_TIMEOUT_S=480 step rate-production-bf16 "$py" "$here/bench_rate.py" --size production \
   --compute-dtype bf16 --device "$device" "${rate_args[@]}" --json "$out/rate-production-bf16.json"
+graph_args=(--size production)
+[ "$device" = cpu ] && graph_args=(--size tiny --users 1,8 --candidates 100 --repeat 3)
+step graphs "$py" "$here/bench_graphs.py" --device "$device" "${graph_args[@]}" \
+  --json "$out/graphs.json"
+if [ "$device" != cpu ]; then
+  STEP_TIMEOUT_S=480 step rate-production-bf16-graphs "$py" "$here/bench_rate.py" \
+    --size production --compute-dtype bf16 --device "$device" --cuda-graphs \
+    --json "$out/rate-production-bf16-graphs.json"
+fi
 model=$(mktemp -d)/quick
 step train-quick "$py" -m kvrank train --profile quick --steps 60 --out "$model"
 step check-model "$py" -m kvrank check-model "$model" --device "$device" \

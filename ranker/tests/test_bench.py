@@ -260,7 +260,8 @@ def test_the_rate_benchmark_climbs_until_a_bound_breaks_and_reports_each_bounds_
 
     args = argparse.Namespace(
         size="tiny", compute_dtype="fp32", device="cpu", users=4, candidates=5, fronts=1,
-        clients=1, l1_bytes=None, hit_protocol="json-ref", bounds="2000,100", start_rate=4.0,
+        clients=1, l1_bytes=None, hit_protocol="json-ref", cuda_graphs=False,
+        bounds="2000,100", start_rate=4.0,
         miss_start_rate=4.0, factor=2.0, refine=1, ceiling=16.0, step_s=1.0,
     )  # fmt: skip
     report = run(args)
@@ -280,3 +281,24 @@ def test_the_rate_benchmark_climbs_until_a_bound_breaks_and_reports_each_bounds_
             best = report[kind]["best_rate_per_s"][f"p99_le_{bound:g}_ms"]
             passing = [s["rate"] for s in steps if within(s, bound)]
             assert best == (max(passing) if passing else None), (kind, bound, steps)
+
+
+def test_the_graph_benchmark_times_eager_and_bucketed_passes_with_the_same_scores() -> None:
+    """A short run of the CUDA-graph comparison ``make bench-cuda`` makes, on the CPU (the
+    bucketed passes then run eagerly): every case reports both times and scores within the
+    model contract of the eager pass (the run fails otherwise)."""
+    import argparse
+
+    from bench_graphs import run
+
+    args = argparse.Namespace(
+        size="tiny", device="cpu", dtypes="fp32", users="1,3", candidates="5,70", repeat=1
+    )
+    report = run(args)
+    assert not report["replayed"] and report["gpu"] is None
+    cases = {(r["users"], r["candidates"]) for r in report["rows"]}
+    assert cases == {(1, 5), (1, 70), (3, 5), (3, 70)}
+    for r in report["rows"]:
+        assert r["eager_p50_ms"] > 0 and r["graphs_p50_ms"] > 0
+        assert r["max_abs_dlogit"] <= 1e-5, r
+    assert report["rows"][-1]["graphs_captured"] == 0  # nothing captured without a GPU

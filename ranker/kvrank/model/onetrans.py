@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from kvrank.model.config import KVDType, ModelConfig
 from kvrank.model.contract import CandidateInput, Column, FeatureSpec, UserInput
+from kvrank.model.graphs import BucketedPasses
 from kvrank.model.inputs import Candidates, Events, UserFeatures
 from kvrank.model.kv import UserKV
 from kvrank.model.ranker import RankerModel
@@ -66,6 +67,14 @@ class OneTransRanker:
     def __init__(self, net: RankerModel) -> None:
         self.net = net
         self.version = net.version
+        self.passes: BucketedPasses | None = None
+        """Set (:meth:`use_cuda_graphs`): scores are computed in bucketed passes replayed
+        from CUDA graphs."""
+
+    def use_cuda_graphs(self) -> None:
+        """Score from here on in bucketed passes replayed from CUDA graphs (a CUDA device
+        only; see :mod:`kvrank.model.graphs`)."""
+        self.passes = BucketedPasses(self.net, capture=True)
 
     @property
     def score_tolerance(self) -> float:
@@ -94,10 +103,15 @@ class OneTransRanker:
         return self.net.encode_user(to_features(user), kv_dtype, checked=True)
 
     def score(self, user_kv: UserKV, candidates: CandidateInput) -> Tensor:
+        if self.passes is not None:
+            return self.passes.score_many([(user_kv, to_candidates(candidates))])[0]
         return self.net.score(user_kv, to_candidates(candidates), checked=True)
 
     def score_many(self, requests: list[tuple[UserKV, CandidateInput]]) -> list[Tensor]:
-        return self.net.score_many([(kv, to_candidates(c)) for kv, c in requests], checked=True)
+        typed = [(kv, to_candidates(c)) for kv, c in requests]
+        if self.passes is not None:
+            return self.passes.score_many(typed)
+        return self.net.score_many(typed, checked=True)
 
     def forward_full(self, user: UserInput, candidates: CandidateInput) -> Tensor:
         return self.net.forward_full(to_features(user), to_candidates(candidates), checked=True)

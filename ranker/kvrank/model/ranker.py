@@ -16,6 +16,7 @@ tokens unchanged. This module does no caching and no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal, cast
 
 import torch
@@ -55,6 +56,25 @@ NS_INPUT = "ns_input"
 
 DEFAULT_REFRESH_EVERY = 50
 """Full re-encode after this many ``extend_user`` calls (see docs/benchmarks.md, drift)."""
+
+
+@dataclass(frozen=True)
+class PassBuffers:
+    """The inputs of a scoring pass of fixed shape: ``users`` users' whole windows of K/V
+    (``layers``: per scoring layer K and V ``[users, rows, H, dh]`` and which rows hold a
+    key, ``[users, rows]``) and ``[users, candidates, T, d]`` candidate tokens. What a CUDA
+    graph replays reads them (see :mod:`kvrank.model.graphs`)."""
+
+    layers: KVLayers
+    x: Tensor
+
+    @property
+    def users(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def candidates(self) -> int:
+        return int(self.x.shape[1])
 
 
 class RankerModel(nn.Module):
@@ -187,6 +207,45 @@ class RankerModel(nn.Module):
         x_c = torch.stack([self._padded_candidates(c, c_max) for _, c in requests])
         logits = self._score(layers, x_c).float()
         return [logits[i, : len(c)] for i, (_, c) in enumerate(requests)]
+
+    def pass_buffers(self, users: int, candidates: int) -> PassBuffers:
+        """Empty :class:`PassBuffers` for ``users`` × ``candidates``, on this model's device."""
+        cfg, dt, dev = self.cfg, self.dtype, self.device
+        layers: KVLayers = {}
+        for layer in self._candidate_layer_ids():
+            shape = (users, cfg.entering(layer) + cfg.ns_tokens, cfg.n_heads, cfg.head_dim)
+            layers[layer] = (
+                torch.zeros(shape, dtype=dt, device=dev),
+                torch.zeros(shape, dtype=dt, device=dev),
+                torch.ones(shape[:2], dtype=torch.bool, device=dev),
+            )
+        x = torch.zeros(users, candidates, cfg.cand_tokens, cfg.d_model, dtype=dt, device=dev)
+        return PassBuffers(layers, x)
+
+    @torch.no_grad()
+    def fill_pass(self, requests: list[tuple[UserKV, Candidates]], into: PassBuffers) -> None:
+        """Copy ``requests`` into ``into`` (at most its users, none with more candidates):
+        each user's whole window of K/V and its candidate tokens, the candidates padded by
+        repeating the last (as :meth:`score_many` pads). Rows past the requests keep what
+        they held (zeros, or an earlier pass's users): a candidate attends to its own user
+        only, so they change no request's scores, and theirs are dropped."""
+        b, width = len(requests), into.candidates
+        for kv, _ in requests:
+            self.check_kv(kv)
+        lengths = torch.tensor([kv.length for kv, _ in requests], device=self.device)
+        for layer, (k_in, v_in, valid_in) in into.layers.items():
+            kvs = [kv.layers[layer].dequantize(self.dtype) for kv, _ in requests]
+            torch.stack([k.to(self.device) for k, _ in kvs], out=k_in[:b])
+            torch.stack([v.to(self.device) for _, v in kvs], out=v_in[:b])
+            r = self.cfg.entering(layer)
+            rows = torch.arange(valid_in.shape[1], device=self.device)
+            torch.ge(rows[None], (r - lengths.clamp(max=r))[:, None], out=valid_in[:b])
+        torch.stack([self._padded_candidates(c, width) for _, c in requests], out=into.x[:b])
+
+    def pass_logits(self, buffers: PassBuffers) -> Tensor:
+        """Logits ``[users, candidates]`` of the pass in ``buffers`` (no copies, no host
+        work: what a CUDA graph captures)."""
+        return self._score(buffers.layers, buffers.x)
 
     def _scoring_layers(self, kvs: list[UserKV]) -> KVLayers:
         """The scoring layers' user K/V of ``kvs``, stacked, from the first row any of them

@@ -90,6 +90,13 @@ class ServerConfig(BaseSettings):
         " pod exits when it has no GPU). The operator sets cuda for versions requesting"
         " nvidia.com/gpu.",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="Score the built-in model's passes from CUDA graphs, one per bucket of"
+        " users × candidates (padded to it), captured on first use: a GPU pass is bound by"
+        " launching its kernels. A CUDA device and the built-in model only; off until"
+        " measured on a GPU (make bench-cuda).",
+    )
     check_model: bool = Field(
         True,
         description="Run the cacheability checks (kvrank check-model) at load, before ready;"

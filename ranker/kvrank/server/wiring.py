@@ -24,7 +24,7 @@ from kvrank.cache import (
     l1_and_redis,
 )
 from kvrank.cpus import usable_cpus
-from kvrank.errors import ArtifactError
+from kvrank.errors import ArtifactError, DeviceError
 from kvrank.metrics import Metrics
 from kvrank.model.artifact import artifact_digest, load_ranker, resolve_artifact
 from kvrank.model.checks import CheckPlan, check_model
@@ -32,6 +32,7 @@ from kvrank.model.contract import CacheableRanker
 from kvrank.model.device import l1_budget, resolve_device
 from kvrank.model.golden import load_golden
 from kvrank.model.kv import TORCH_DTYPES
+from kvrank.model.onetrans import OneTransRanker
 from kvrank.model.registry import use_plugin
 from kvrank.server.config import ServerConfig, entry_secrets, redis_password
 from kvrank.service import RankingService
@@ -54,6 +55,8 @@ def build_service(cfg: ServerConfig) -> RankingService:
     log.info("model %s loaded on %s (%s)", model.version, device, type(model).__name__)
     if cfg.check_model:
         _check(cfg, model, local)
+    if cfg.cuda_graphs:
+        _use_cuda_graphs(model, device)
     settings = CacheSettings(
         cfg.namespace,
         model.version,
@@ -74,6 +77,19 @@ def build_service(cfg: ServerConfig) -> RankingService:
     metrics = Metrics(model.version, cfg.namespace, device=str(device))
     metrics.add_reader(CacheCollector(cache, l1, l2, host))
     return RankingService(model, cache, cfg, metrics)  # the config is the service's settings
+
+
+def _use_cuda_graphs(model: CacheableRanker, device: torch.device) -> None:
+    """The config's ``cuda_graphs``, or why this model or device cannot have them. After
+    the load-time checks: those hold the model's own passes, which the graphs replay."""
+    if device.type != "cuda":
+        raise DeviceError(f"cuda_graphs=true needs a CUDA device; this server computes on {device}")
+    if not isinstance(model, OneTransRanker):
+        raise ArtifactError(
+            f"cuda_graphs=true: the built-in model only; this artifact's is {type(model).__name__}"
+        )
+    model.use_cuda_graphs()
+    log.info("scoring passes replayed from CUDA graphs (captured per bucket on first use)")
 
 
 def _check_identity(cfg: ServerConfig, model: CacheableRanker) -> None:

@@ -13,7 +13,8 @@ import torch
 from kvrank.errors import DeviceError
 from kvrank.model.artifact import save_model
 from kvrank.model.device import L1_BYTES_ELSEWHERE, L1_DEVICE_SHARE, l1_budget, resolve_device
-from kvrank.server.config import ServerConfig
+from kvrank.server.config import ServerConfig, load_config
+from kvrank.server.wiring import build_service
 
 
 def test_auto_is_the_default_and_picks_the_cpu_on_a_machine_without_a_gpu() -> None:
@@ -50,6 +51,17 @@ def test_kvrank_serve_told_to_use_cuda_here_exits_with_the_reason(
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "device 'cuda' was requested but torch sees no CUDA device" in proc.stderr
+
+
+def test_cuda_graphs_are_refused_on_a_device_without_cuda_naming_the_setting(
+    factory, tiny_cfg, tmp_path
+) -> None:
+    """A config asking for CUDA graphs on a CPU fails at load, saying which setting needs
+    what — never a server that silently scores without them."""
+    artifact_dir = save_model(factory.model(tiny_cfg), tmp_path / "m")
+    cfg = load_config({"model_dir": str(artifact_dir), "device": "cpu", "cuda_graphs": True})
+    with pytest.raises(DeviceError, match="cuda_graphs=true needs a CUDA device; this server"):
+        build_service(cfg)
 
 
 def test_an_unset_l1_takes_a_share_of_the_gpus_free_memory_and_a_fixed_budget_elsewhere() -> None:

@@ -318,6 +318,7 @@ def test_every_setting_is_an_environment_variable_named_after_its_field(monkeypa
         "KVRANK_LOG_LEVEL": "DEBUG",
         "KVRANK_LOG_FORMAT": "text",
         "KVRANK_CHECK_MODEL": "false",
+        "KVRANK_CUDA_GRAPHS": "true",
         "KVRANK_DEVICE": "cpu",
         "KVRANK_ADMISSION_MODE": "drop",
         "KVRANK_ADMISSION_BUDGET_SHARE": "0.5",
