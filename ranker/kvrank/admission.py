@@ -322,11 +322,17 @@ class Admission:
         """What a request admitted now would wait before its own model work: what every
         admitted request has still to do (a request's worth less its model time so far),
         and at least the work queued on the model thread."""
-        owed = sum(
-            max(self.cost_s - t.model_s, 0.0)
-            for t in self.admitted
-            if t.deadline.reason_to_drop() is None  # the others are dropped as they come up
-        )
+        # on every request's screen, over up to max_inflight tickets: kept to attribute reads
+        # (a deadline that follows callers' patience follows this pod's, asked once here)
+        cost, owed = self.cost_s, 0.0
+        learned = self.patience.estimate_s()
+        for t in self.admitted:
+            d = t.deadline
+            due = d.at if d.waits is None or learned is None else min(d.at, d.started + learned)
+            if d.caller_left or due <= d.clock():
+                continue  # dropped as the model thread comes to it
+            if t.model_s < cost:
+                owed += cost - t.model_s
         return max(owed, self.queued_work_s())
 
     def retry_after_s(self) -> int:
