@@ -21,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_serving_device import SIZES
 from rich.console import Console
 from rich.table import Table
 
 from kvrank.data.synthetic import SyntheticWorld
-from kvrank.model.config import PRODUCTION, QUICK, TINY, ModelConfig
 from kvrank.model.graphs import BucketedPasses
 from kvrank.model.onetrans import KV_TOLERANCES
 from kvrank.model.ranker import RankerModel
-
-SIZES: dict[str, ModelConfig] = {"tiny": TINY, "quick": QUICK, "production": PRODUCTION}
 
 
 def timed(fn: Callable[[], object], repeat: int, device: torch.device) -> float:

@@ -46,17 +46,15 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from bench_serving_device import SIZES, artifact
+from bench_wire import cpu_s
 from rich.console import Console
 from rich.table import Table
 
-from kvrank.model.artifact import save_model
-from kvrank.model.config import PRODUCTION, QUICK, TINY, ModelConfig
-from kvrank.model.ranker import RankerModel
-from kvrank.tools.callers import JSON_HEADERS, Caller
+from kvrank.tools.callers import JSON_HEADERS, Caller, encode
 from kvrank.tools.processes import RankerProcess
 from kvrank.tools.served import request_bodies
 
-SIZES: dict[str, ModelConfig] = {"tiny": TINY, "quick": QUICK, "production": PRODUCTION}
 USER_PREFIX = b'{"user_id": "'
 """How every request body begins: the user id first, so a miss's body is a user's body with
 another id spliced in (no JSON encoding of a production-size body per request)."""
@@ -76,12 +74,6 @@ class Calls:
     headers: list[dict[str, str]]
     expect: str
     fresh: bool = False
-
-
-def artifact(size: str, compute_dtype: str, out: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = SIZES[size].model_copy(update={"compute_dtype": compute_dtype})
-    return save_model(RankerModel(cfg, f"{size}-{compute_dtype}-seed0").eval(), out)
 
 
 def whole(body: dict[str, Any]) -> bytes:
@@ -107,9 +99,8 @@ def warm(url: str, bodies: list[dict[str, Any]]) -> list[str]:
 def hit_calls(url: str, bodies: list[dict[str, Any]], etags: list[str], protocol: str) -> Calls:
     if protocol == "json":
         return Calls(url, "json", [whole(b) for b in bodies], [{} for _ in bodies], "l1")
-    refs = [json.dumps({"user_id": b["user_id"], "candidates": b["candidates"]}) for b in bodies]
-    headers = [{"If-Match": etag} for etag in etags]
-    return Calls(url, "json", [r.encode() for r in refs], headers, "l1")
+    refs = [encode(b, "json-ref").by_reference for b in bodies]
+    return Calls(url, "json", refs, [{"If-Match": etag} for etag in etags], "l1")
 
 
 def miss_calls(url: str, bodies: list[dict[str, Any]]) -> Calls:
@@ -202,7 +193,7 @@ def pod_cpu_s(pid: int) -> float:
         except OSError:
             continue
         if int(entry) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            total += cpu_s(int(entry))
     return total
 
 

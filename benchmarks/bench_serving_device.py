@@ -32,12 +32,12 @@ from rich.console import Console
 from rich.table import Table
 
 from kvrank.model.artifact import save_model
-from kvrank.model.config import PRODUCTION, QUICK, ModelConfig
+from kvrank.model.config import PRODUCTION, QUICK, TINY, ModelConfig
 from kvrank.model.ranker import RankerModel
 from kvrank.tools.callers import PROTOCOLS
 from kvrank.tools.served import check_protocols, request_bodies, serve_and_ask
 
-SIZES: dict[str, ModelConfig] = {"quick": QUICK, "production": PRODUCTION}
+SIZES: dict[str, ModelConfig] = {"tiny": TINY, "quick": QUICK, "production": PRODUCTION}
 
 
 def artifact(size: str, compute_dtype: str, out: Path) -> Path:
