@@ -24,7 +24,7 @@ from kvrank.errors import KvrankError
 from kvrank.runner import model_thread
 from kvrank.server import errors, oip_grpc, probes, routes, v2
 from kvrank.server.config import ServerConfig
-from kvrank.server.edge import Edge, Screener
+from kvrank.server.edge import Edge, PlainRoute, Screener
 from kvrank.server.openapi import openapi
 from kvrank.server.reload import remember_mtime, watch_config
 from kvrank.server.schemas import prefetch_model, request_model, strict_body
@@ -61,11 +61,14 @@ def create_app(
         screen=lambda headers: routes.screen(state, headers),
     )
     app.state.screener = screener  # the HTTP protocol's too (kvrank.server.protocol)
-    app.add_middleware(Edge, screener=screener)
+    scoring = (*routes.scoring.routes, *v2.inference.routes)
+    direct = [route for route in scoring if isinstance(route, PlainRoute)]
+    app.add_middleware(Edge, screener=screener, direct=direct)
     errors.install(app)
     app.include_router(routes.scoring)
     app.include_router(routes.router)
     app.include_router(v2.router)
+    app.include_router(v2.inference)
     return app
 
 

@@ -20,12 +20,15 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvrank.admission import Deadline
@@ -47,6 +50,19 @@ Screen = Callable[[Headers], Deadline | None]
 request's deadline (the route's ``request.state.deadline``), raises
 :class:`~kvrank.errors.Overloaded` to shed it or :class:`~kvrank.errors.HeaderError` for a
 header out of its limits."""
+
+
+class PlainRoute(APIRoute):
+    """A route FastAPI documents (its response model, in the OpenAPI document) and calls as
+    Starlette calls an endpoint: ``endpoint(request)``, with no dependency solved, no body
+    read and no answer validated around it. The scoring routes read and check their bodies
+    themselves, and :class:`Edge` calls them directly, past FastAPI's routing: its work per
+    request is a measurable part of an L1 hit's time outside the model (``make
+    bench-wire``)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
+        return handler
 
 
 @dataclass
@@ -200,9 +216,13 @@ class Edge:
     about a quarter of what one costs the server otherwise, time its event loop would hold
     the interpreter lock that the model thread needs between torch calls."""
 
-    def __init__(self, app: ASGIApp, *, screener: Screener) -> None:
+    def __init__(
+        self, app: ASGIApp, *, screener: Screener, direct: Sequence[PlainRoute] = ()
+    ) -> None:
         self.app = app
         self.screener = screener
+        self.direct = tuple(direct)
+        """Routes called from here, past FastAPI's router and middleware (see :meth:`call`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -243,7 +263,7 @@ class Edge:
             await answer(refusal.code, refusal.message, refusal.field, refusal.headers)
         else:
             try:
-                await self.app(scope, self._bounded(receive), send_with_id)
+                await self.call(scope, self._bounded(receive), send_with_id)
             except Exception:
                 log.exception("request %s failed", request_id)
                 if not answered:
@@ -253,6 +273,37 @@ class Edge:
         self.screener.observe(route, status)
         if route == SCORE_ROUTE or route in INFER_ROUTES:
             access_line(request_id, status, started, state.get("access"), shed, route)
+
+    async def call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request's route. One of :attr:`direct` (the scoring routes) is called here:
+        matched as FastAPI's router would, its errors answered by the app's own exception
+        handlers (anything else goes on to the edge's 500), the rest of FastAPI's work per
+        request (matching through every route, its exception and exit-stack middleware)
+        skipped: a JSON L1 hit's CPU outside the model 0.95× what it was (``make
+        bench-wire``). Everything else goes through the app."""
+        route = self._direct(scope)
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            response = await route.endpoint(request)
+        except Exception as exc:
+            handler = _handler(scope["app"].exception_handlers, exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+    def _direct(self, scope: Scope) -> PlainRoute | None:
+        """The direct route that matches the request (its path parameters and itself put in
+        ``scope``, as the router does), if one does."""
+        for route in self.direct:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                scope.update(child)
+                return route
+        return None
 
     def _bounded(self, receive: Receive) -> Receive:
         """``receive``, refusing a streamed body once it grows past ``max_body_bytes``."""
@@ -268,3 +319,12 @@ class Edge:
             return message
 
         return receive_bounded
+
+
+def _handler(handlers: dict[Any, Any], exc: Exception) -> Any:
+    """The app's handler for ``exc``: its class's or its nearest base's, as Starlette
+    looks one up."""
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None

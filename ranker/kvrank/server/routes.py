@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from kvrank.admission import TIMEOUT_HEADER, Deadline
 from kvrank.errors import HeaderError, RoutingKeyError
 from kvrank.metrics import PREFETCH_ROUTE, SCORE_ROUTE
-from kvrank.server.edge import AccessRecord, Headers
+from kvrank.server.edge import AccessRecord, Headers, PlainRoute
 from kvrank.server.schemas import (
     IF_MATCH,
     USER_ID_MAX,
@@ -47,18 +46,6 @@ from kvrank_common import MAX_TIMEOUT_MS
 
 router = APIRouter()
 State = Annotated[AppState, Depends(app_state)]
-
-
-class PlainRoute(APIRoute):
-    """A route FastAPI documents (its response model, in the OpenAPI document) and calls as
-    Starlette calls an endpoint: ``endpoint(request)``, with no dependency solved, no body
-    read and no answer validated around it. The scoring and prefetch routes read and check
-    their bodies themselves, and FastAPI's own work per request is a measurable part of an
-    L1 hit's time outside the model (see ``make bench-wire``)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
-        return handler
 
 
 scoring = APIRouter(route_class=PlainRoute)

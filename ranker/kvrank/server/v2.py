@@ -21,13 +21,16 @@ from kvrank import __version__
 from kvrank.errors import InputError
 from kvrank.metrics import INFER_ROUTES
 from kvrank.server import oip
-from kvrank.server.edge import error_body
+from kvrank.server.edge import PlainRoute, error_body
 from kvrank.server.routes import caller_watched, model_refusal, routed_user, screen
 from kvrank.server.schemas import IF_MATCH, etag, if_match
 from kvrank.server.state import AppState, app_state
 
 PREFIX = "/v2"
 router = APIRouter(prefix=PREFIX)
+inference = APIRouter(prefix=PREFIX, route_class=PlainRoute)
+"""``infer``: an endpoint that takes the request alone (its path's name and version read from
+it), which the edge calls directly, as it does ``/v1/score``."""
 
 
 State = Annotated[AppState, Depends(app_state)]
@@ -77,9 +80,12 @@ async def model_ready(state: State, name: str, version: str | None = None) -> Re
     return _unknown(state, name, version) or Response(status_code=200)
 
 
-@router.post(INFER_ROUTES[0].removeprefix(PREFIX))
-@router.post(INFER_ROUTES[1].removeprefix(PREFIX))
-async def infer(request: Request, state: State, name: str, version: str | None = None) -> Response:
+@inference.post(INFER_ROUTES[0].removeprefix(PREFIX))
+@inference.post(INFER_ROUTES[1].removeprefix(PREFIX))
+async def infer(request: Request) -> Response:
+    state: AppState = request.app.state.kvrank
+    name: str = request.path_params["name"]
+    version: str | None = request.path_params.get("version")
     refusal = _unknown(state, name, version)
     if refusal is not None:
         return refusal
