@@ -188,12 +188,12 @@ def pod_cpu_s(pid: int) -> float:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
+        try:  # a process may end between the listing and the reading
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry) == pid or int(fields[1]) == pid:
+                total += cpu_s(int(entry))
         except OSError:
             continue
-        if int(entry) == pid or int(fields[1]) == pid:
-            total += cpu_s(int(entry))
     return total
 
 

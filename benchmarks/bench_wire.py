@@ -10,11 +10,12 @@ model is the same layout made light (one narrow layer), so the server's work aro
 model shows: receiving, parsing and validating the body, building tensors, hashing the
 history, admission, the cache lookup and the answer. Every user's entry is made first; then
 blocks of L1 hits are sent one at a time (no queueing) by each protocol in turn, each
-protocol first in turn from round to round. For each block: bytes sent per request, client
-p50/p99, and the server's CPU per request outside the model — its process CPU time
-(``/proc``, every thread) less the model's scoring time
-(``kvrank_stage_seconds{stage="score"}``; one torch thread, so that time is its CPU time),
-both read around the block. Every protocol must return the
+protocol first in turn from round to round: short blocks in many rounds (32 hits, 20 rounds
+by default), so that every protocol meets the same drifts of a shared machine's speed. For
+each block: bytes sent per request, client p50/p99, and the server's CPU per request outside
+the model — its process CPU time (every thread, in nanoseconds: :func:`cpu_s`) less the
+model's scoring time (``kvrank_stage_seconds{stage="score"}``; one torch thread, so that time
+is its CPU time), both read around the block. Every protocol must return the
 same scores to the last bit for every user (the run fails otherwise). With ``--baseline
 REV``, a second ``kvrank serve`` runs that commit's ``ranker/`` tree on the same model and
 its JSON path (``json@baseline``) takes its turn in every round: each protocol is also
@@ -127,9 +128,15 @@ SCORE_SUM = "kvrank_stage_seconds_sum"
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (every thread)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` so far (every thread), read from its CPU-time clock
+    (Linux's ``clock_getcpuclockid``: the nanoseconds the scheduler counted, where
+    ``/proc/<pid>/stat`` counts 10 ms ticks — a tenth of a 16-request block of hits)."""
+    return time.clock_gettime(((~pid) << 3) | _CPUCLOCK_SCHED)
+
+
+_CPUCLOCK_SCHED = 2
+"""The kernel's process CPU clock id of a pid: ``(~pid << 3) | 2`` (what glibc's
+``clock_getcpuclockid`` returns; Python offers it for its own threads only)."""
 
 
 def scored_s(client: httpx.Client) -> float:
@@ -358,8 +365,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--events", type=int, default=1500)
     parser.add_argument("--candidates", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=8, help="each user's hits per block")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=2, help="each user's hits per block")
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
