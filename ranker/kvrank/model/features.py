@@ -25,7 +25,9 @@ ANY_ID = 2**62
 
 
 Values = Sequence[Any]
-"""A request's list for one column: ids, floats, or rows of floats."""
+"""A request's list for one column: ids, floats, or rows of floats; or already an array
+(int64 ids, or float32 rows of the column's width, never empty) where the JSON decoder read
+the column straight into one (:mod:`kvrank.server.schemas`)."""
 
 
 def user_from_lists(
@@ -61,7 +63,13 @@ def _column(col: Column, values: Values, n: int, group: str, first: str) -> Tens
     if col.kind == "id":
         if len(values) != n:
             raise InputError(field, f"has {len(values)} values; {group}.{first} has {n}")
+        if isinstance(values, np.ndarray):  # read from the JSON text as int64 already
+            return torch.from_numpy(values)
         return _tensor(values, np.int64)
+    if isinstance(values, np.ndarray):  # read as (rows, per_row) float32, none empty
+        if len(values) != n:
+            raise InputError(field, f"has {len(values)} rows; expected {n}")
+        return torch.from_numpy(values)
     if col.per_row == 0 and not values:
         return torch.zeros(n, 0)
     if not values and n:

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import schemathesis
 import torch
@@ -25,6 +26,8 @@ from kvrank.model.onetrans import feature_spec
 from kvrank.server.schemas import (
     body_for,
     prefetch_model,
+    read_ids,
+    read_rows,
     request_model,
     strict_body,
     to_candidates,
@@ -95,10 +98,12 @@ def _agree(strict: Any, model: type, raw: bytes, spec: FeatureSpec = SPEC) -> st
         return "neither"
     if mine is None:
         return "pydantic alone"  # a lax form
-    assert json.dumps(msgspec.to_builtins(mine), sort_keys=True) == json.dumps(
+    # the history read into arrays, as the lists' decoder would have read it
+    as_lists = strict.decoder.decode(raw)
+    assert json.dumps(msgspec.to_builtins(as_lists), sort_keys=True) == json.dumps(
         theirs.model_dump(mode="json"), sort_keys=True
     )
-    assert _tensors(mine, spec) == _tensors(theirs, spec)
+    assert _tensors(mine, spec) == _tensors(theirs, spec) == _tensors(as_lists, spec)
     return "both"
 
 
@@ -197,7 +202,10 @@ def test_an_ordinary_body_takes_the_strict_decoder(events, model) -> None:
     gen = torch.Generator().manual_seed(events)
     body = body_for(spec, "u-1", example_user(spec, events, gen), example_candidates(spec, 7, gen))
     raw = json.dumps(body).encode()
-    assert strict_body(spec).decode(raw) is not None
+    decoded = strict_body(spec).decode(raw)
+    assert decoded is not None
+    # the history read from the text into arrays, not through lists
+    assert all(isinstance(getattr(decoded.events, c.name), np.ndarray) for c in spec.sequence)
     _agree(strict_body(spec), request_model(spec), raw, spec)
     ref = {"user_id": "u-1", "seq_hash": "ab" * 16, "candidates": body["candidates"]}
     assert strict_body(spec).decode(json.dumps(ref).encode()) is not None
@@ -216,3 +224,71 @@ def test_lax_forms_are_still_scored_as_before_and_bad_ones_named(make_client, re
     # Python's "$" would take the newline; the user id rule does not
     resp = client.post("/v1/score", json={**req, "user_id": req["user_id"] + "\n"})
     assert resp.status_code == 422 and resp.json()["field"] == "user_id"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",  # empty: the lists' decoder's to take
+        "[[1],[2]]",  # nested: as many values as elements, still not ids
+        "[1,[2]]",
+        '{"a":[1]}',
+        "[1.0,2]",
+        "[1e2]",
+        "[true]",
+        "[null]",
+        '["1"]',
+        "[-1]",  # negative: the lists' decoder names it
+        "[9223372036854775808]",  # past int64
+        "5",
+    ],
+)
+def test_ids_the_reader_does_not_take_as_they_are(text) -> None:
+    assert read_ids(text.encode()) is None
+
+
+def test_ids_are_read_to_the_last_one() -> None:
+    ids = read_ids(b" [0, 7 ,9223372036854775807,-0]")
+    assert ids is not None and ids.dtype == np.int64 and ids.flags.writeable
+    assert ids.tolist() == [0, 7, 2**63 - 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("text", "width"),
+    [
+        ("[[1,2,3],[4]]", 2),  # ragged, the right count in all
+        ("[[1],[2,3,4]]", 2),
+        ("[[1,2],[3],[4,5,6]]", 2),
+        ("[[],[1,2,3,4]]", 2),
+        ("[[],[1]]", 1),
+        ("[5,[[1,2]]]", 1),  # a number beside a list in a list
+        ("[[[1,2]],[[3,4]]]", 2),  # one level deeper
+        ("[[1,2],[3,4]]", 4),
+        ("[1,2,3,4]", 2),  # not rows
+        ("[[1,2],[3,4]]", 0),
+        ("[]", 2),
+        ("[[],[]]", 0),
+        ('[["1",2]]', 2),
+        ("[[1e400,2]]", 2),  # past float64: the lists' decoder's to refuse
+        ('{"a":[[1,2]]}', 2),
+    ],
+)
+def test_rows_the_reader_does_not_take_as_they_are(text, width) -> None:
+    assert read_rows(text.encode(), width) is None
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    rows=st.lists(st.lists(_FLOATS | _IDS, max_size=4), max_size=6),
+    width=st.integers(1, 4),
+    spaced=st.booleans(),
+)
+def test_rows_are_read_exactly_when_each_is_as_wide_as_the_column(rows, width, spaced) -> None:
+    text = json.dumps(rows, separators=(", ", " : ") if spaced else (",", ":")).encode()
+    read = read_rows(text, width)
+    if not rows or any(len(r) != width for r in rows):
+        assert read is None
+        return
+    assert read is not None and read.shape == (len(rows), width)
+    with np.errstate(over="ignore"):
+        assert read.tobytes() == np.array(rows, dtype=np.float64).astype(np.float32).tobytes()
