@@ -10,7 +10,7 @@ model is the same layout made light (one narrow layer), so the server's work aro
 model shows: receiving, parsing and validating the body, building tensors, hashing the
 history, admission, the cache lookup and the answer. Every user's entry is made first; then
 blocks of L1 hits are sent one at a time (no queueing) by each protocol in turn, each
-protocol first in turn from round to round: short blocks in many rounds (32 hits, 20 rounds
+protocol first in turn from round to round: short blocks in many rounds (64 hits, 10 rounds
 by default), so that every protocol meets the same drifts of a shared machine's speed. For
 each block: bytes sent per request, client p50/p99, and the server's CPU per request outside
 the model — its process CPU time (every thread, in nanoseconds: :func:`cpu_s`) less the
@@ -365,8 +365,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--events", type=int, default=1500)
     parser.add_argument("--candidates", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=2, help="each user's hits per block")
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=4, help="each user's hits per block")
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
